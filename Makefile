@@ -1,0 +1,23 @@
+# gdn-export: the two first-screen commands are `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+
+.PHONY: install demo test clean
+
+install: $(INSTALLED)
+
+$(INSTALLED): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -e '.[test]'
+	touch $(INSTALLED)
+
+demo: install
+	$(PY) -m gdn_export.demo
+
+test: install
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info

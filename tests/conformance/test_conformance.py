@@ -1,0 +1,35 @@
+"""Run every implementation over the one case table (see gdn_export.ops.conformance)."""
+
+import pytest
+import torch
+
+from gdn_export.ops.conformance import CASES, expected_outputs, make_inputs, relative_error, run_case
+
+from .implementations import IMPLEMENTATIONS
+
+UNSUPPORTED_REPORT = []
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda impl: impl.name)
+def test_case(impl, case):
+    seed = torch.seed()  # fresh inputs every run; the seed is in every failure message
+    generator = torch.Generator().manual_seed(seed)
+    inputs = make_inputs(case, generator, device=impl.device)
+    reason = impl.unsupported(case)
+    if reason is not None:
+        # Unsupported is reported (see the summary) and must fail loudly, never silently.
+        UNSUPPORTED_REPORT.append(f"{impl.name}: {case.name}: {reason}")
+        with pytest.raises((NotImplementedError, ValueError, RuntimeError)):
+            run_case(impl, case, inputs)
+        return
+    expected_output, expected_state = expected_outputs(case, inputs)
+    untouched = [t.clone() for t in inputs.as_args()]
+    output, final_state = run_case(impl, case, inputs)
+    assert output.dtype == case.dtype and final_state.dtype == torch.float32
+    output_error = relative_error(output, expected_output)
+    state_error = relative_error(final_state, expected_state)
+    assert output_error <= case.tolerance, f"output error {output_error:.3g} (seed {seed})"
+    assert state_error <= case.tolerance, f"final_state error {state_error:.3g} (seed {seed})"
+    for before, after in zip(untouched, inputs.as_args()):
+        assert torch.equal(before, after), "an input was modified"
