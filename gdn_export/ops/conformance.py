@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from gdn_export.ops import reference
+from gdn_export.ops.fused import unfuse
 
 GATES = ("scalar", "per_channel")  # GDA: g [B, T, Hv]; KDA: g [B, T, Hv, Dk]
 CALLS = ("functional", "out", "out_inplace", "inplace")  # inplace: gated_delta_rule_inplace
@@ -169,6 +170,8 @@ class Implementation:
     out: OutEntry
     inplace: InplaceEntry
     device: str = "cpu"
+    # gdn.fused_gated_delta_rule.out, for backends that implement the fused op.
+    fused: Optional[Callable[..., torch.Tensor]] = None
     # Returns why a case is unsupported (then calling it must raise), or None.
     unsupported: Callable[[OpCase], Optional[str]] = lambda case: None
 
@@ -196,6 +199,60 @@ def run_case(impl: Implementation, case: OpCase, inputs: OpInputs) -> tuple[torc
                 final_state = torch.full_like(state, float("nan"))
                 impl.out(*step, state, **kwargs, output=output, final_state=final_state)
                 state = final_state
+        outputs.append(output)
+    return torch.cat(outputs, dim=1), state
+
+
+@dataclass
+class FusedInputs:
+    mixed_qkv: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+    state: torch.Tensor
+
+    def as_args(self) -> tuple:
+        return (self.mixed_qkv, self.a, self.b, self.A_log, self.dt_bias, self.state)
+
+
+def make_fused_inputs(case: OpCase, generator: torch.Generator, device="cpu") -> FusedInputs:
+    """Inputs of ``gdn.fused_gated_delta_rule`` for ``case``'s dims, as Qwen3.5 produces them."""
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float32)
+
+    B, T, Hk, Hv, Dk, Dv = (
+        case.batch, case.length, case.num_k_heads, case.num_v_heads, case.key_dim, case.value_dim,
+    )
+    mixed_qkv = F.silu(randn(B, T, 2 * Hk * Dk + Hv * Dv))
+    A_log = torch.empty(Hv).uniform_(0.0, 2.7, generator=generator)  # A in [1, 15]
+    tensors = [mixed_qkv, randn(B, T, Hv), randn(B, T, Hv)]
+    tensors = [t.to(case.dtype) for t in tensors] + [A_log, 0.5 * randn(Hv), 0.5 * randn(B, Hv, Dk, Dv)]
+    return FusedInputs(*(t.to(device) for t in tensors))
+
+
+def expected_fused_outputs(case: OpCase, inputs: FusedInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp64: the unfused reference recurrence after reference gating."""
+    args = [t.detach().cpu().to(torch.float64) for t in inputs.as_args()]
+    query, key, value, g, beta = unfuse(*args)
+    return reference.recurrent_gated_delta_rule(
+        query, key, value, g, beta, args[5], scale=case.scale, use_qk_l2norm=True
+    )
+
+
+def run_fused_case(impl: Implementation, case: OpCase, inputs: FusedInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the fused op (state in place, output NaN-poisoned), in two calls when ``split_at`` is set."""
+    boundaries = [0, case.length] if case.split_at is None else [0, case.split_at, case.length]
+    state = inputs.state.clone()
+    outputs = []
+    for start, stop in zip(boundaries[:-1], boundaries[1:]):
+        step = [t[:, start:stop] for t in (inputs.mixed_qkv, inputs.a, inputs.b)]
+        output = torch.full(
+            (case.batch, stop - start, case.num_v_heads, case.value_dim), float("nan"),
+            dtype=case.dtype, device=state.device,
+        )
+        impl.fused(*step, inputs.A_log, inputs.dt_bias, state, scale=case.scale, output=output)
         outputs.append(output)
     return torch.cat(outputs, dim=1), state
 
@@ -245,3 +302,13 @@ def _cases() -> list[OpCase]:
 
 
 CASES: tuple[OpCase, ...] = tuple(_cases())
+
+# The fused op always L2-normalizes q/k and gates per head; its cases are the
+# table's plain-layout GDA cases (call kind does not apply: it is always in place).
+FUSED_CASES: tuple[OpCase, ...] = tuple(
+    dict.fromkeys(
+        dataclasses.replace(case, call="inplace")
+        for case in CASES
+        if case.gate == "scalar" and case.use_qk_l2norm and not case.strided and case.extreme is None
+    )
+)

@@ -20,6 +20,7 @@ IMPLEMENTATIONS = [
         functional=torch.ops.gdn.gated_delta_rule,
         out=torch.ops.gdn.gated_delta_rule.out,
         inplace=torch.ops.gdn.gated_delta_rule_inplace.out,
+        fused=torch.ops.gdn.fused_gated_delta_rule.out,
     ),
     # The pure-PyTorch reference itself (per-token for short T, chunked for long T).
     Implementation(
