@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install demo test clean
+.PHONY: install demo test clean metal-check
 
 install: $(INSTALLED)
 
@@ -21,3 +21,7 @@ test: install
 
 clean:
 	rm -rf $(VENV) build *.egg-info
+
+# The Linux checks of metal_backend (emulated kernels, shims, planning, graph); prints "N passed, M failed".
+metal-check: install
+	$(PY) -m metal_backend.check

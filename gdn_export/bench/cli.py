@@ -1,8 +1,43 @@
-"""``gdn-bench`` entry point."""
+"""``gdn-bench``: one subcommand per target (``cpu``, ``cuda``, ``metal``, ``e2e``).
 
+Each subcommand lives in its own module of this package exposing
+``add_arguments(parser)`` and ``run(args) -> int``, so a benchmark's
+dependencies (Triton, ExecuTorch's anchors, transformers) load only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
 import sys
+
+SUBCOMMANDS = {
+    "cpu": ("gdn_export.bench.cpu", "the C++ kernel vs ExecuTorch's llama::gated_delta_rule, per token"),
+    "cuda": ("gdn_export.bench.cuda", "the Triton kernels vs fla-core and ExecuTorch's kernels (GPU)"),
+    "metal": ("gdn_export.bench.metal", "the Metal kernels vs the reference (macOS)"),
+    "e2e": ("gdn_export.bench.e2e", "a Qwen3.5-0.8B-shaped .pte vs transformers and ExecuTorch's own flow"),
+}
 
 
 def main(argv=None) -> int:
-    print("gdn-bench: not yet available in this version of gdn-export", file=sys.stderr)
-    return 2
+    parser = argparse.ArgumentParser(prog="gdn-bench", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    modules = {}
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub = commands.add_parser(name, help=help_text)
+        try:
+            modules[name] = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name != module_name:
+                raise
+            continue
+        modules[name].add_arguments(sub)
+    args = parser.parse_args(argv)
+    if args.command not in modules:
+        print(f"gdn-bench {args.command}: not yet available in this version of gdn-export", file=sys.stderr)
+        return 2
+    return modules[args.command].run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

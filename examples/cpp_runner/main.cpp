@@ -1,0 +1,421 @@
+// gdn_cpp_runner: generate text from an LLM-convention ExecuTorch program.
+//
+//   gdn_cpp_runner --model model.pte --tokenizer tokenizer.json --prompt TEXT
+//                  [--max-new-tokens N] [--temperature T] [--seed S]
+//                  [--data weights.ptd] [--print-token-ids] [--verbose]
+//
+// The program's "forward(tokens int64 [1, T], input_pos int64 [1])" returns
+// logits [1, T or 1, vocab] and keeps its caches and recurrent states in
+// mutable buffers. A plain loop in the style of gpt-fast's generate.py: prefill
+// the prompt in chunks of the program's get_max_seq_len, then decode one token
+// at a time until an id from get_eos_ids, --max-new-tokens or the end of the
+// context (get_max_context_len). Text streams to stdout as it is generated;
+// timings go to stderr.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <sys/stat.h>
+#include <type_traits>
+#include <vector>
+
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor.h>
+#include <executorch/runtime/platform/platform.h>
+#include <executorch/runtime/platform/runtime.h>
+
+#include "bpe_tokenizer.h"
+#include "unicode.h"
+
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::extension::from_blob;
+using executorch::extension::Module;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+
+#ifdef GDN_RUNTIME_OPS_LINKED
+constexpr bool kGdnOpsLinked = true;
+#else
+constexpr bool kGdnOpsLinked = false;
+#endif
+
+// Bad command-line input: the message names the argument.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A program that cannot be loaded or run.
+class ProgramError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+constexpr const char* kUsage =
+    "usage: gdn_cpp_runner --model MODEL.pte --tokenizer tokenizer.json --prompt TEXT\n"
+    "                      [--max-new-tokens N (128)] [--temperature T (0: greedy)] [--seed S]\n"
+    "                      [--data WEIGHTS.ptd] [--print-token-ids] [--verbose]\n";
+
+struct Options {
+  std::string model_path;
+  std::string data_path;
+  std::string tokenizer_path;
+  std::string prompt;
+  int64_t max_new_tokens = 128;
+  double temperature = 0.0;
+  std::optional<uint64_t> seed;
+  bool print_token_ids = false;
+  bool verbose = false;
+};
+
+bool is_file(const std::string& path) {
+  struct stat info {};
+  return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode);
+}
+
+template <typename Number>
+Number parse_number(const std::string& name, const std::string& text) {
+  try {
+    size_t used = 0;
+    Number value;
+    if constexpr (std::is_floating_point_v<Number>) {
+      value = static_cast<Number>(std::stod(text, &used));
+    } else {
+      value = static_cast<Number>(std::stoll(text, &used));
+    }
+    if (used == text.size()) {
+      return value;
+    }
+  } catch (const std::exception&) {
+  }
+  throw UsageError(name + " " + text + ": not a number");
+}
+
+Options parse_options(int argc, char** argv) {
+  Options options;
+  bool have_prompt = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string name = argv[i];
+    if (name == "--help" || name == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    if (name == "--print-token-ids" || name == "--verbose") {
+      (name == "--verbose" ? options.verbose : options.print_token_ids) = true;
+      continue;
+    }
+    std::string value;
+    if (size_t equals = name.find('='); equals != std::string::npos && name.rfind("--", 0) == 0) {
+      value = name.substr(equals + 1);
+      name = name.substr(0, equals);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      throw UsageError(name + ": missing value");
+    }
+    if (name == "--model") {
+      options.model_path = value;
+    } else if (name == "--data") {
+      options.data_path = value;
+    } else if (name == "--tokenizer") {
+      options.tokenizer_path = value;
+    } else if (name == "--prompt") {
+      options.prompt = value;
+      have_prompt = true;
+    } else if (name == "--max-new-tokens") {
+      options.max_new_tokens = parse_number<int64_t>(name, value);
+    } else if (name == "--temperature") {
+      options.temperature = parse_number<double>(name, value);
+    } else if (name == "--seed") {
+      options.seed = parse_number<uint64_t>(name, value);
+    } else {
+      throw UsageError(name + ": unknown option");
+    }
+  }
+  if (options.model_path.empty() || options.tokenizer_path.empty() || !have_prompt) {
+    throw UsageError("--model, --tokenizer and --prompt are required");
+  }
+  if (!is_file(options.model_path)) {
+    throw UsageError("--model " + options.model_path + ": no such file");
+  }
+  if (!options.data_path.empty() && !is_file(options.data_path)) {
+    throw UsageError("--data " + options.data_path + ": no such file");
+  }
+  if (!is_file(options.tokenizer_path)) {
+    throw UsageError("--tokenizer " + options.tokenizer_path + ": no such file");
+  }
+  if (options.prompt.empty()) {
+    throw UsageError("--prompt must not be empty");
+  }
+  if (options.max_new_tokens < 1) {
+    throw UsageError("--max-new-tokens must be at least 1, got " + std::to_string(options.max_new_tokens));
+  }
+  if (!(options.temperature >= 0.0) || !std::isfinite(options.temperature)) {
+    throw UsageError("--temperature must be a finite number >= 0");
+  }
+  return options;
+}
+
+// ExecuTorch logs at Info level while it sets up (CPU probing and the like);
+// the runner's output is the text and its timings, so only errors get
+// through unless --verbose.
+bool log_everything = false;
+
+void emit_runtime_log(et_timestamp_t, et_pal_log_level_t level, const char* filename, const char*, size_t line,
+                      const char* message, size_t length) {
+  if (!log_everything && (level == kInfo || level == kDebug)) {
+    return;
+  }
+  std::fprintf(stderr, "%c executorch:%s:%zu] %.*s\n", static_cast<char>(level), filename, line,
+               static_cast<int>(length), message);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The forward method of a program and where in its context the sequence stands.
+class LlmProgram {
+ public:
+  LlmProgram(const std::string& model_path, const std::string& data_path)
+      : model_path_(model_path),
+        module_(data_path.empty() ? std::make_unique<Module>(model_path, Module::LoadMode::Mmap)
+                                  : std::make_unique<Module>(model_path, data_path, Module::LoadMode::Mmap)) {
+    check(module_->load(), "loading the program");
+    auto names = module_->method_names();
+    check(names.error(), "listing its methods");
+    method_names_ = std::set<std::string>(names->begin(), names->end());
+    if (!method_names_.count("forward")) {
+      fail("it has no forward method");
+    }
+    if (!method_names_.count("get_max_seq_len") && !method_names_.count("get_max_context_len")) {
+      fail("not an LLM program (no get_max_seq_len or get_max_context_len method)");
+    }
+    // get_max_seq_len bounds one forward call, get_max_context_len the whole
+    // sequence; older exports carry only the first, which then bounds both.
+    max_chunk_ = method_names_.count("get_max_seq_len") ? metadata_integer("get_max_seq_len")
+                                                        : metadata_integer("get_max_context_len");
+    max_context_ = method_names_.count("get_max_context_len") ? metadata_integer("get_max_context_len") : max_chunk_;
+    if (max_chunk_ < 1 || max_context_ < 1) {
+      fail("get_max_seq_len and get_max_context_len must be positive");
+    }
+    if (method_names_.count("enable_dynamic_shape") && !metadata_integer("enable_dynamic_shape")) {
+      max_chunk_ = 1;  // a static T = 1 program takes the prompt one token at a time
+    }
+    if (method_names_.count("get_eos_ids")) {
+      auto outputs = module_->execute("get_eos_ids");
+      check(outputs.error(), "reading get_eos_ids");
+      for (const EValue& value : *outputs) {
+        if (!value.isInt()) {
+          fail("get_eos_ids must return integers");
+        }
+        eos_ids_.insert(value.toInt());
+      }
+    }
+    check(module_->load_method("forward"), "loading its forward method");
+  }
+
+  int64_t max_context() const { return max_context_; }
+  int64_t position() const { return position_; }
+  const std::set<int64_t>& eos_ids() const { return eos_ids_; }
+
+  // Runs `tokens` from the current position; returns the last position's logits.
+  std::vector<float> feed(const std::vector<int64_t>& tokens) {
+    if (position_ + static_cast<int64_t>(tokens.size()) > max_context_) {
+      fail("the context holds " + std::to_string(max_context_) + " tokens; " + std::to_string(position_) +
+           " used, " + std::to_string(tokens.size()) + " more asked");
+    }
+    std::vector<float> logits;
+    for (size_t start = 0; start < tokens.size(); start += max_chunk_) {
+      std::vector<int64_t> chunk(tokens.begin() + start,
+                                 tokens.begin() + std::min(tokens.size(), start + static_cast<size_t>(max_chunk_)));
+      std::vector<int64_t> input_pos = {position_};
+      auto token_tensor = from_blob(chunk.data(), {1, static_cast<int32_t>(chunk.size())}, ScalarType::Long);
+      auto position_tensor = from_blob(input_pos.data(), {1}, ScalarType::Long);
+      auto outputs = module_->forward({EValue(*token_tensor), EValue(*position_tensor)});
+      check(outputs.error(), "running forward at position " + std::to_string(position_));
+      if (outputs->empty() || !(*outputs)[0].isTensor()) {
+        fail("forward did not return a logits tensor");
+      }
+      logits = last_position_logits((*outputs)[0].toTensor());
+      position_ += static_cast<int64_t>(chunk.size());
+    }
+    return logits;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& reason) const {
+    throw ProgramError("--model " + model_path_ + ": " + reason);
+  }
+
+  void check(Error error, const std::string& doing) const {
+    if (error == Error::Ok) {
+      return;
+    }
+    std::string hint;
+    if (error == Error::OperatorMissing) {
+      hint = kGdnOpsLinked ? " (an operator of the program has no kernel in this runner)"
+                           : " (this runner was built without runtime_ops/lib/libgdn_runtime_ops.so, which "
+                             "gdn:: operators need: build that, then rebuild the runner)";
+    }
+    fail(doing + " failed with ExecuTorch " + executorch::runtime::to_string(error) + hint);
+  }
+
+  int64_t metadata_integer(const std::string& name) {
+    auto value = module_->get(name);
+    check(value.error(), "reading " + name);
+    if (value->isInt()) return value->toInt();
+    if (value->isBool()) return value->toBool();
+    fail(name + " does not return an integer");
+  }
+
+  static std::vector<float> last_position_logits(const executorch::aten::Tensor& logits) {
+    const auto vocab = static_cast<size_t>(logits.size(logits.dim() - 1));
+    const size_t offset = static_cast<size_t>(logits.numel()) - vocab;
+    std::vector<float> last(vocab);
+    switch (logits.scalar_type()) {
+      case ScalarType::Float: {
+        const float* data = logits.const_data_ptr<float>() + offset;
+        std::copy(data, data + vocab, last.begin());
+        break;
+      }
+      case ScalarType::BFloat16: {
+        const auto* data = logits.const_data_ptr<executorch::aten::BFloat16>() + offset;
+        std::transform(data, data + vocab, last.begin(), [](auto x) { return static_cast<float>(x); });
+        break;
+      }
+      case ScalarType::Half: {
+        const auto* data = logits.const_data_ptr<executorch::aten::Half>() + offset;
+        std::transform(data, data + vocab, last.begin(), [](auto x) { return static_cast<float>(x); });
+        break;
+      }
+      default:
+        throw ProgramError("forward returned logits of an unsupported dtype (float32, bfloat16 or float16 expected)");
+    }
+    return last;
+  }
+
+  std::string model_path_;
+  std::unique_ptr<Module> module_;
+  std::set<std::string> method_names_;
+  int64_t max_chunk_ = 1;
+  int64_t max_context_ = 1;
+  int64_t position_ = 0;
+  std::set<int64_t> eos_ids_;
+};
+
+// Greedy at temperature 0 (the first maximum, as torch.argmax); otherwise a
+// draw from softmax(logits / temperature).
+int64_t sample(const std::vector<float>& logits, double temperature, std::mt19937_64& generator) {
+  if (temperature <= 0.0) {
+    return std::max_element(logits.begin(), logits.end()) - logits.begin();
+  }
+  const float largest = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> weights(logits.size());
+  double total = 0.0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    weights[i] = std::exp((logits[i] - largest) / temperature);
+    total += weights[i];
+  }
+  double draw = std::uniform_real_distribution<double>(0.0, total)(generator);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    draw -= weights[i];
+    if (draw < 0.0) {
+      return static_cast<int64_t>(i);
+    }
+  }
+  return static_cast<int64_t>(weights.size() - 1);
+}
+
+void print_ids(const char* label, const std::vector<int64_t>& ids) {
+  std::string line = label;
+  for (int64_t id : ids) {
+    line += " " + std::to_string(id);
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+int run(const Options& options) {
+  auto started = std::chrono::steady_clock::now();
+  const auto tokenizer = gdn_runner::BpeTokenizer::from_file(options.tokenizer_path);
+  LlmProgram program(options.model_path, options.data_path);
+  std::fprintf(stderr, "loaded %s and %s in %.0f ms\n", options.model_path.c_str(), options.tokenizer_path.c_str(),
+               1e3 * seconds_since(started));
+
+  const std::vector<int64_t> prompt_ids = tokenizer.encode(options.prompt);
+  if (prompt_ids.empty()) {
+    throw UsageError("--prompt encodes to no tokens");
+  }
+  if (static_cast<int64_t>(prompt_ids.size()) > program.max_context()) {
+    throw UsageError("--prompt is " + std::to_string(prompt_ids.size()) + " tokens; the program's context holds " +
+                     std::to_string(program.max_context()));
+  }
+  std::mt19937_64 generator(options.seed ? *options.seed : std::random_device{}());
+
+  std::cout << options.prompt << std::flush;
+  started = std::chrono::steady_clock::now();
+  std::vector<float> logits = program.feed(prompt_ids);
+  const double prefill_seconds = seconds_since(started);
+
+  // The first new token comes from the prefill's logits, so only the tokens
+  // after it need a decode step (and the last one never needs feeding).
+  const int64_t budget = std::min(options.max_new_tokens, program.max_context() - program.position() + 1);
+  std::vector<int64_t> generated;
+  gdn_runner::Utf8Stream text;
+  double decode_seconds = 0.0;
+  while (true) {
+    const int64_t token = sample(logits, options.temperature, generator);
+    generated.push_back(token);
+    if (program.eos_ids().count(token)) {
+      break;
+    }
+    std::cout << text.push(tokenizer.token_bytes(token)) << std::flush;
+    if (static_cast<int64_t>(generated.size()) == budget) {
+      break;
+    }
+    started = std::chrono::steady_clock::now();
+    logits = program.feed({token});
+    decode_seconds += seconds_since(started);
+  }
+  std::cout << text.finish() << std::endl;
+
+  const size_t decode_steps = generated.size() - 1;
+  std::fprintf(stderr, "prefill: %zu tokens in %.1f ms, %.1f tok/s\n", prompt_ids.size(), 1e3 * prefill_seconds,
+               prompt_ids.size() / prefill_seconds);
+  std::fprintf(stderr, "decode: %zu tokens (%zu steps) in %.1f ms, %.1f tok/s\n", generated.size(), decode_steps,
+               1e3 * decode_seconds, decode_steps > 0 ? decode_steps / decode_seconds : 0.0);
+  if (options.print_token_ids) {
+    print_ids("prompt token ids:", prompt_ids);
+    print_ids("generated token ids:", generated);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  executorch::runtime::register_pal(executorch::runtime::PalImpl::create(emit_runtime_log, __FILE__));
+  executorch::runtime::runtime_init();
+  try {
+    const Options options = parse_options(argc, argv);
+    log_everything = options.verbose;
+    return run(options);
+  } catch (const UsageError& error) {
+    std::fprintf(stderr, "%serror: %s\n", kUsage, error.what());
+    return 2;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    return 1;
+  }
+}

@@ -1,0 +1,47 @@
+"""``make metal-check``: every Linux check of metal_backend, summarized as "N passed, M failed".
+
+Runs ``tests/test_metal_*.py``: the lockstep emulator, the kernels emulated
+over the conformance table, the C shim agreement, the MPS launch planning,
+graph selection and lowering entry, and the benchmark's off-macOS behaviour.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+class OutcomeCounter:
+    """Counts tests by outcome; an error in setup or teardown counts as a failure."""
+
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+        self.skipped = 0
+
+    def pytest_runtest_logreport(self, report):
+        if report.failed:
+            self.failed += 1
+        elif report.when == "call" and report.passed:
+            self.passed += 1
+        elif report.skipped:
+            self.skipped += 1
+
+
+def main(argv=None) -> int:
+    counter = OutcomeCounter()
+    tests = sorted(str(path) for path in (REPOSITORY / "tests").glob("test_metal_*.py"))
+    status = pytest.main(["-q", "-p", "no:cacheprovider", *tests, *(argv or [])], plugins=[counter])
+    summary = f"metal-check: {counter.passed} passed, {counter.failed} failed"
+    if counter.skipped:
+        summary += f", {counter.skipped} skipped"
+    print(summary)
+    return 0 if status == 0 and counter.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

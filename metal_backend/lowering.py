@@ -1,0 +1,164 @@
+"""``export_qwen35 --backend metal``: lower an exported program through ExecuTorch's MetalBackend.
+
+ExecuTorch's ``MetalPartitioner`` hands the whole graph to ``MetalBackend``,
+which compiles it with AOTInductor for MPS. The gdn ops are not aten ops, so
+AOTInductor calls them through the C shims of ``metal_backend.shims``; the
+backend itself only knows its own shims, so ``gdn_shims_in_metal_backend()``
+adds ours to the options it passes to AOTInductor (and to the fallback kernels
+it accepts) for the duration of the lowering. At run time the runner must link
+``gdn_metal_ops`` (``metal_backend/CMakeLists.txt``), which defines them.
+
+Compiling for MPS needs macOS with the MPS device and Xcode's command-line
+tools; elsewhere ``lower_to_metal`` raises a clear error before doing anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from metal_backend import shims
+
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why Metal lowering cannot run on this machine, or None."""
+    if platform.system() != "Darwin":
+        return f"this machine runs {platform.system()}"
+    if not torch.backends.mps.is_available():
+        return "torch.backends.mps.is_available() is False (Apple silicon and macOS 14+ needed)"
+    return None
+
+
+@contextlib.contextmanager
+def gdn_shims_in_metal_backend():
+    """MetalBackend with the gdn C shims added to its AOTInductor options and supported fallbacks."""
+    from executorch.backends.apple.metal.metal_backend import MetalBackend
+
+    originals = {
+        name: MetalBackend.__dict__[name] for name in ("get_aoti_compile_options", "get_supported_fallback_kernels")
+    }
+    compile_options = MetalBackend.get_aoti_compile_options
+    fallback_kernels = MetalBackend.get_supported_fallback_kernels
+
+    def get_aoti_compile_options(cls, compile_specs):
+        options = compile_options(compile_specs)
+        key = "aot_inductor.custom_ops_to_c_shims"
+        options[key] = {**options.get(key, {}), **shims.C_SHIMS}
+        return options
+
+    def get_supported_fallback_kernels(cls):
+        return {**fallback_kernels(), **dict.fromkeys(shims.fallback_kernel_names())}
+
+    MetalBackend.get_aoti_compile_options = classmethod(get_aoti_compile_options)
+    MetalBackend.get_supported_fallback_kernels = classmethod(get_supported_fallback_kernels)
+    try:
+        yield MetalBackend
+    finally:
+        for name, original in originals.items():
+            setattr(MetalBackend, name, original)
+
+
+def metal_op_nodes(program: torch.export.ExportedProgram) -> list:
+    """The program's calls of gdn ops that have Metal C shims."""
+    targets = set(shims.C_SHIMS)
+    nodes = []
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        # Mutating ops appear wrapped: auto_functionalized(op, **kwargs).
+        target = node.args[0] if "auto_functionalized" in str(node.target) and node.args else node.target
+        if target in targets:
+            nodes.append(node)
+    return nodes
+
+
+def _state_argument(node: torch.fx.Node):
+    """The node of a gdn op call's ``state`` argument, however the call is spelled."""
+    if "_all_bases" in node.kwargs:  # auto_functionalized_v2: mutated args become indexed bases
+        return node.kwargs["_all_bases"][node.kwargs["_state_base_index"]]
+    if "state" in node.kwargs:
+        return node.kwargs["state"]
+    op = node.target
+    position = [arg.name for arg in op._schema.arguments].index("state")
+    return node.args[position]
+
+
+def check_head_dims(program: torch.export.ExportedProgram) -> None:
+    """Refuse, before lowering, programs whose gdn heads the Metal kernels do not cover."""
+    for node in metal_op_nodes(program):
+        state = _state_argument(node)
+        value = state.meta.get("val") if isinstance(state, torch.fx.Node) else None
+        if value is None:
+            raise RuntimeError(f"--backend metal: cannot tell the head dims of {node.name} (no shape on its state)")
+        key_dim, value_dim = int(value.shape[-2]), int(value.shape[-1])
+        if key_dim not in SUPPORTED_HEAD_DIMS or value_dim not in SUPPORTED_HEAD_DIMS:
+            raise ValueError(
+                f"--backend metal: the Metal kernels support linear-attention head dims in {{64, 128, 256}}, "
+                f"this model has Dk={key_dim}, Dv={value_dim} (node {node.name}); export it with "
+                "--backend xnnpack or --backend portable instead"
+            )
+
+
+def _write_data_files(manager, output: Optional[Path]) -> list:
+    """Write the program's external weight files (.ptd) next to ``output``, each atomically."""
+    if not getattr(manager, "_tensor_data", None) or output is None:
+        return []
+    folder = Path(output).parent
+    written = []
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".metal-data-") as staging:
+        manager.write_tensor_data_to_file(staging)
+        for partial in sorted(Path(staging).iterdir()):
+            target = folder / partial.name
+            os.replace(partial, target)
+            written.append(target)
+    return written
+
+
+def lower_to_metal(program, *, metadata: Optional[dict] = None, output=None):
+    """Lower ``program`` (one ExportedProgram, or ``{method name: ExportedProgram}``) for Apple GPUs.
+
+    Returns ``(ExecutorchProgramManager, data files)``; the caller writes the
+    ``.pte``. With ``output`` (the ``.pte`` path) the ``.ptd`` weights are
+    written beside it, each atomically. Raises RuntimeError off macOS (nothing
+    is written) and ValueError for head dims the Metal kernels do not cover.
+    """
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(
+            f"--backend metal lowers only on macOS with Xcode and an Apple-silicon GPU: {reason}. "
+            "Export with --backend xnnpack or portable here, or run this export on a Mac."
+        )
+    programs = program if isinstance(program, dict) else {"forward": program}
+    for exported in programs.values():
+        check_head_dims(exported)
+    from executorch.backends.apple.metal.metal_partitioner import MetalPartitioner
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+
+    with gdn_shims_in_metal_backend() as metal_backend:
+        partitioners = {
+            name: [MetalPartitioner([metal_backend.generate_method_name_compile_spec(name)])] for name in programs
+        }
+        edge = to_edge_transform_and_lower(
+            programs,
+            partitioner=partitioners,
+            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+            constant_methods=metadata,
+        )
+        manager = edge.to_executorch(
+            ExecutorchBackendConfig(
+                extract_delegate_segments=True,
+                do_quant_fusion_and_const_prop=True,
+                # Graph inputs are the caller's tensors: don't plan memory for them.
+                memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+            )
+        )
+    return manager, _write_data_files(manager, output)

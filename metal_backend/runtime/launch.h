@@ -1,0 +1,274 @@
+// How a call of the gdn ops becomes one Metal dispatch: input validation,
+// kernel selection, kernel parameters and threadgroup sizing.
+//
+// Plain C++17 with no Metal or ExecuTorch types, so the very same code serves
+// the Objective-C++ host dispatch (metal_dispatch.mm, behind the AOTI C shims)
+// and the Linux emulation harness that runs the kernels on the CPU.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <initializer_list>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "../kernels/gated_delta_rule_params.h"
+
+namespace gdn_metal {
+
+// The values are c10::ScalarType's, which AOTI tensor handles report.
+enum class ScalarType : int32_t { Float16 = 5, Float32 = 6, BFloat16 = 15 };
+
+// A Metal-kernel-sized problem outside what the kernels cover (head dims other
+// than 64/128/256, dtypes Metal cannot compute in): callers fall back or fail.
+class Unsupported : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A tensor as the launch planning sees it: dtype, sizes and strides (elements).
+struct TensorView {
+  const char* name;
+  int32_t dtype;
+  int64_t ndim;
+  int64_t sizes[4];
+  int64_t strides[4];
+};
+
+struct Dim3 {
+  uint32_t x, y, z;
+};
+
+struct DispatchPlan {
+  std::string kernel_name;
+  Dim3 threadgroups;
+  Dim3 threads_per_threadgroup;
+};
+
+constexpr int kSimdWidth = 32;
+constexpr int kColumnsPerSimdgroup = 4;  // one float4 of value columns per SIMD group
+// 4 SIMD groups (128 threads, 16 value columns) per threadgroup: enough
+// threadgroups for the GPU even at batch 1 (Dv/16 * Hv of them), and few
+// enough registers per thread (Dk/32 float4s of state) at Dk = 256.
+constexpr int kSimdgroupsPerThreadgroup = 4;
+constexpr int kColumnsPerThreadgroup = kColumnsPerSimdgroup * kSimdgroupsPerThreadgroup;
+
+inline bool is_supported_head_dim(int64_t dim) { return dim == 64 || dim == 128 || dim == 256; }
+
+inline const char* metal_type_name(int32_t dtype, const char* tensor_name) {
+  switch (static_cast<ScalarType>(dtype)) {
+    case ScalarType::Float32:
+      return "float";
+    case ScalarType::BFloat16:
+      return "bfloat";
+    case ScalarType::Float16:
+      return "half";
+  }
+  throw Unsupported(std::string("gdn metal: ") + tensor_name +
+                    " must be float32, bfloat16 or float16, got ScalarType " +
+                    std::to_string(dtype));
+}
+
+namespace detail {
+
+inline std::string shape_string(const TensorView& t) {
+  std::string text = "[";
+  for (int64_t d = 0; d < t.ndim; ++d) text += (d ? ", " : "") + std::to_string(t.sizes[d]);
+  return text + "]";
+}
+
+inline void expect_shape(const char* op, const TensorView& t, std::initializer_list<int64_t> shape) {
+  bool same = t.ndim == static_cast<int64_t>(shape.size());
+  int64_t d = 0;
+  for (int64_t size : shape) same = same && t.sizes[d++] == size;
+  if (!same) {
+    std::string expected = "[";
+    d = 0;
+    for (int64_t size : shape) expected += (d++ ? ", " : "") + std::to_string(size);
+    throw std::invalid_argument(std::string(op) + ": " + t.name + " must have shape " + expected +
+                                "], got " + shape_string(t));
+  }
+}
+
+inline void expect_rank(const char* op, const TensorView& t, int64_t rank, const char* layout) {
+  if (t.ndim != rank) {
+    throw std::invalid_argument(std::string(op) + ": " + t.name + " must be " + layout +
+                                ", got shape " + shape_string(t));
+  }
+}
+
+inline void expect_dtype(const char* op, const TensorView& t, int32_t dtype, const char* what) {
+  if (t.dtype != dtype) {
+    throw std::invalid_argument(std::string(op) + ": " + t.name + " must be " + what +
+                                ", got ScalarType " + std::to_string(t.dtype));
+  }
+}
+
+// Strides as the kernels' 32-bit ints; offsets are 32-bit in the kernels too.
+inline void copy_strides(const char* op, const TensorView& t, int* out) {
+  int64_t last_offset = 0;
+  for (int64_t d = 0; d < t.ndim; ++d) {
+    if (t.sizes[d] > 0) last_offset += (t.sizes[d] - 1) * std::llabs(t.strides[d]);
+    out[d] = static_cast<int>(t.strides[d]);
+  }
+  if (last_offset >= (int64_t{1} << 31)) {
+    throw Unsupported(std::string(op) + ": " + t.name +
+                      " spans more than 2^31 elements, beyond the kernels' 32-bit indexing");
+  }
+}
+
+inline void check_head_dims(const char* op, int64_t key_dim, int64_t value_dim) {
+  if (!is_supported_head_dim(key_dim) || !is_supported_head_dim(value_dim)) {
+    throw Unsupported(std::string(op) + ": the Metal kernels support head dims Dk, Dv in "
+                      "{64, 128, 256}, got Dk=" + std::to_string(key_dim) +
+                      ", Dv=" + std::to_string(value_dim));
+  }
+}
+
+inline Dim3 threadgroups_for(int64_t value_dim, int64_t num_v_heads, int64_t batch) {
+  return {static_cast<uint32_t>(value_dim / kColumnsPerThreadgroup),
+          static_cast<uint32_t>(num_v_heads), static_cast<uint32_t>(batch)};
+}
+
+}  // namespace detail
+
+struct GatedDeltaRuleLaunch {
+  GatedDeltaRuleParams params;
+  DispatchPlan plan;
+};
+
+// gdn::gated_delta_rule with outputs: validates the contract's shapes and
+// dtypes, then plans the dispatch. final_state may alias initial_state.
+inline GatedDeltaRuleLaunch plan_gated_delta_rule(
+    const TensorView& query, const TensorView& key, const TensorView& value, const TensorView& g,
+    const TensorView& beta, const TensorView& initial_state, const TensorView& output,
+    const TensorView& final_state, std::optional<double> scale, bool use_qk_l2norm) {
+  const char* op = "gdn.gated_delta_rule (metal)";
+  using namespace detail;
+  expect_rank(op, query, 4, "[B, T, Hk, Dk]");
+  expect_rank(op, value, 4, "[B, T, Hv, Dv]");
+  const int64_t batch = query.sizes[0], length = query.sizes[1], num_k_heads = query.sizes[2],
+                key_dim = query.sizes[3], num_v_heads = value.sizes[2], value_dim = value.sizes[3];
+  if (num_k_heads == 0 || num_v_heads % num_k_heads != 0) {
+    throw std::invalid_argument(std::string(op) + ": value heads (Hv=" + std::to_string(num_v_heads) +
+                                ") must be a multiple of query/key heads (Hk=" +
+                                std::to_string(num_k_heads) + ")");
+  }
+  expect_shape(op, key, {batch, length, num_k_heads, key_dim});
+  expect_shape(op, value, {batch, length, num_v_heads, value_dim});
+  const bool per_channel_gate = g.ndim == 4;
+  if (per_channel_gate) {
+    expect_shape(op, g, {batch, length, num_v_heads, key_dim});
+  } else {
+    expect_shape(op, g, {batch, length, num_v_heads});
+  }
+  expect_shape(op, beta, {batch, length, num_v_heads});
+  expect_shape(op, initial_state, {batch, num_v_heads, key_dim, value_dim});
+  expect_shape(op, output, {batch, length, num_v_heads, value_dim});
+  expect_shape(op, final_state, {batch, num_v_heads, key_dim, value_dim});
+  const char* type = metal_type_name(query.dtype, query.name);
+  for (const TensorView* t : {&key, &value, &g, &beta, &output}) {
+    expect_dtype(op, *t, query.dtype, "the query's dtype (the Metal kernel reads one input dtype)");
+  }
+  expect_dtype(op, initial_state, static_cast<int32_t>(ScalarType::Float32), "float32");
+  expect_dtype(op, final_state, static_cast<int32_t>(ScalarType::Float32), "float32");
+  check_head_dims(op, key_dim, value_dim);
+
+  GatedDeltaRuleLaunch launch{};
+  GatedDeltaRuleParams& p = launch.params;
+  p.batch = static_cast<int>(batch);
+  p.length = static_cast<int>(length);
+  p.num_k_heads = static_cast<int>(num_k_heads);
+  p.num_v_heads = static_cast<int>(num_v_heads);
+  p.value_dim = static_cast<int>(value_dim);
+  p.per_channel_gate = per_channel_gate ? 1 : 0;
+  p.use_qk_l2norm = use_qk_l2norm ? 1 : 0;
+  p.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(key_dim)));
+  copy_strides(op, query, p.query_strides);
+  copy_strides(op, key, p.key_strides);
+  copy_strides(op, value, p.value_strides);
+  copy_strides(op, g, p.g_strides);
+  if (!per_channel_gate) p.g_strides[3] = 0;
+  copy_strides(op, beta, p.beta_strides);
+  copy_strides(op, initial_state, p.initial_state_strides);
+  copy_strides(op, output, p.output_strides);
+  copy_strides(op, final_state, p.final_state_strides);
+  launch.plan.kernel_name =
+      std::string("gated_delta_rule_") + type + "_dk" + std::to_string(key_dim);
+  launch.plan.threadgroups = threadgroups_for(value_dim, num_v_heads, batch);
+  launch.plan.threads_per_threadgroup = {kSimdWidth, kSimdgroupsPerThreadgroup, 1};
+  return launch;
+}
+
+struct FusedGatedDeltaRuleLaunch {
+  FusedGatedDeltaRuleParams params;
+  DispatchPlan plan;
+};
+
+// gdn::fused_gated_delta_rule with its output: Hv, Dk and Dv come from the
+// state, Hk from mixed_qkv's channel count (2*Hk*Dk + Hv*Dv).
+inline FusedGatedDeltaRuleLaunch plan_fused_gated_delta_rule(
+    const TensorView& mixed_qkv, const TensorView& a, const TensorView& b, const TensorView& A_log,
+    const TensorView& dt_bias, const TensorView& state, const TensorView& output,
+    std::optional<double> scale) {
+  const char* op = "gdn.fused_gated_delta_rule (metal)";
+  using namespace detail;
+  expect_rank(op, mixed_qkv, 3, "[B, T, channels]");
+  expect_rank(op, state, 4, "[B, Hv, Dk, Dv]");
+  const int64_t batch = mixed_qkv.sizes[0], length = mixed_qkv.sizes[1],
+                channels = mixed_qkv.sizes[2], num_v_heads = state.sizes[1],
+                key_dim = state.sizes[2], value_dim = state.sizes[3];
+  const int64_t key_channels = channels - num_v_heads * value_dim;
+  if (key_channels <= 0 || key_dim <= 0 || key_channels % (2 * key_dim) != 0) {
+    throw std::invalid_argument(
+        std::string(op) + ": mixed_qkv's last dim must be 2*Hk*Dk + Hv*Dv with Hv=" +
+        std::to_string(num_v_heads) + ", Dk=" + std::to_string(key_dim) + ", Dv=" +
+        std::to_string(value_dim) + " (from state " + shape_string(state) + "), got " +
+        std::to_string(channels));
+  }
+  const int64_t num_k_heads = key_channels / (2 * key_dim);
+  if (num_v_heads % num_k_heads != 0) {
+    throw std::invalid_argument(std::string(op) + ": value heads (Hv=" + std::to_string(num_v_heads) +
+                                ") must be a multiple of query/key heads (Hk=" +
+                                std::to_string(num_k_heads) + ")");
+  }
+  expect_shape(op, a, {batch, length, num_v_heads});
+  expect_shape(op, b, {batch, length, num_v_heads});
+  expect_shape(op, A_log, {num_v_heads});
+  expect_shape(op, dt_bias, {num_v_heads});
+  expect_shape(op, state, {batch, num_v_heads, key_dim, value_dim});
+  expect_shape(op, output, {batch, length, num_v_heads, value_dim});
+  const char* type = metal_type_name(mixed_qkv.dtype, mixed_qkv.name);
+  for (const TensorView* t : {&a, &b, &output}) {
+    expect_dtype(op, *t, mixed_qkv.dtype, "mixed_qkv's dtype");
+  }
+  const char* param_type = metal_type_name(A_log.dtype, A_log.name);
+  expect_dtype(op, dt_bias, A_log.dtype, "A_log's dtype");
+  expect_dtype(op, state, static_cast<int32_t>(ScalarType::Float32), "float32");
+  check_head_dims(op, key_dim, value_dim);
+
+  FusedGatedDeltaRuleLaunch launch{};
+  FusedGatedDeltaRuleParams& p = launch.params;
+  p.batch = static_cast<int>(batch);
+  p.length = static_cast<int>(length);
+  p.num_k_heads = static_cast<int>(num_k_heads);
+  p.num_v_heads = static_cast<int>(num_v_heads);
+  p.value_dim = static_cast<int>(value_dim);
+  p.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(key_dim)));
+  copy_strides(op, mixed_qkv, p.mixed_qkv_strides);
+  copy_strides(op, a, p.a_strides);
+  copy_strides(op, b, p.b_strides);
+  copy_strides(op, A_log, &p.A_log_stride);
+  copy_strides(op, dt_bias, &p.dt_bias_stride);
+  copy_strides(op, state, p.state_strides);
+  copy_strides(op, output, p.output_strides);
+  launch.plan.kernel_name = std::string("fused_gated_delta_rule_") + type + "_" + param_type +
+                            "_dk" + std::to_string(key_dim);
+  launch.plan.threadgroups = threadgroups_for(value_dim, num_v_heads, batch);
+  launch.plan.threads_per_threadgroup = {kSimdWidth, kSimdgroupsPerThreadgroup, 1};
+  return launch;
+}
+
+}  // namespace gdn_metal

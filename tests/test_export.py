@@ -1,0 +1,217 @@
+"""export_qwen35 and the runners, end to end, against Hugging Face transformers.
+
+Each test checkpoint is a tiny random-weight Qwen3.5 written by transformers
+itself (``gdn_export.tiny``); the ``.pte`` runs in ExecuTorch's runtime with our
+C++ kernel, and every figure is compared with transformers on the same folder.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gdn_export.export import export_qwen35
+from gdn_export.runner import ProgramRunner, load_tokenizer
+from gdn_export.tiny import make_tiny_checkpoint
+
+VARIANTS = {
+    "dense": {},
+    "moe": {"moe": True},
+    "tied": {"tie_word_embeddings": True},
+    "wrapper": {"wrapper": True, "moe": True},
+}
+PROMPT = "The quick brown fox jumps over"
+NEW_TOKENS = 32
+
+
+def hugging_face_model(checkpoint):
+    import transformers
+
+    model_type = json.loads((checkpoint / "config.json").read_text())["model_type"]
+    model_class = {
+        "qwen3_5_text": transformers.Qwen3_5ForCausalLM,
+        "qwen3_5_moe_text": transformers.Qwen3_5MoeForCausalLM,
+        "qwen3_5": transformers.Qwen3_5ForConditionalGeneration,
+        "qwen3_5_moe": transformers.Qwen3_5MoeForConditionalGeneration,
+    }[model_type]
+    return model_class.from_pretrained(checkpoint, dtype=torch.float32).eval()
+
+
+def hugging_face_step_logits(model, prompt_ids, continuation):
+    """Last-position logits after the prompt and after each token of ``continuation``, with HF's cache."""
+    with torch.no_grad():
+        output = model(torch.tensor([prompt_ids]), use_cache=True)
+        logits = [output.logits[0, -1]]
+        cache = output.past_key_values
+        for token in continuation:
+            output = model(torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+            cache = output.past_key_values
+            logits.append(output.logits[0, -1])
+    return torch.stack(logits)
+
+
+def hugging_face_greedy(model, prompt_ids, new_tokens):
+    with torch.no_grad():
+        output = model.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False)
+    return output[0, len(prompt_ids):].tolist()
+
+
+def pte_step_logits(runner: ProgramRunner, prompt_ids, continuation):
+    runner.reset()
+    logits = [runner.feed(prompt_ids).clone()]
+    logits += [runner.feed([token]).clone() for token in continuation]
+    return torch.stack(logits)
+
+
+class Exported:
+    """Checkpoints and their exports, made once per test session (exports take seconds each)."""
+
+    def __init__(self, root):
+        self.root = root
+        self.cache = {}
+
+    def checkpoint(self, variant):
+        key = ("checkpoint", variant)
+        if key not in self.cache:
+            self.cache[key] = make_tiny_checkpoint(self.root / variant, seed=len(self.cache) + 1, **VARIANTS[variant])
+        return self.cache[key]
+
+    def program(self, variant, **export_kwargs):
+        key = (variant, tuple(sorted(export_kwargs.items())))
+        if key not in self.cache:
+            name = "-".join([variant] + [f"{k}{v}" for k, v in sorted(export_kwargs.items())])
+            output = self.root / f"{name}.pte"
+            export_qwen35(self.checkpoint(variant), output, max_seq_len=128, **export_kwargs)
+            self.cache[key] = output
+        return self.cache[key]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    return Exported(tmp_path_factory.mktemp("export"))
+
+
+def fresh_prompt(length, vocab=400):
+    generator = torch.Generator().manual_seed(torch.seed())
+    return torch.randint(3, vocab, (length,), generator=generator).tolist()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_pte_logits_match_transformers(exported, variant):
+    checkpoint = exported.checkpoint(variant)
+    runner = ProgramRunner(exported.program(variant))
+    hf = hugging_face_model(checkpoint)
+    prompt = fresh_prompt(11)
+    continuation = fresh_prompt(6)
+    expected = hugging_face_step_logits(hf, prompt, continuation)
+    actual = pte_step_logits(runner, prompt, continuation)
+    assert (actual - expected).abs().max().item() <= 1e-4
+
+
+def test_portable_backend_matches_transformers(exported):
+    runner = ProgramRunner(exported.program("dense", backend="portable"))
+    hf = hugging_face_model(exported.checkpoint("dense"))
+    prompt, continuation = fresh_prompt(9), fresh_prompt(4)
+    expected = hugging_face_step_logits(hf, prompt, continuation)
+    assert (pte_step_logits(runner, prompt, continuation) - expected).abs().max().item() <= 1e-4
+
+
+def test_prefill_in_chunks_equals_one_shot(exported):
+    runner = ProgramRunner(exported.program("dense"))
+    prompt = fresh_prompt(13)
+    runner.reset()
+    one_shot = runner.feed(prompt).clone()
+    runner.reset()
+    for chunk in (prompt[:5], prompt[5:12], prompt[12:]):
+        chunked = runner.feed(chunk).clone()
+    torch.testing.assert_close(chunked, one_shot, rtol=0, atol=1e-5)
+    # A program whose calls take at most 4 tokens: the runner splits the prompt itself.
+    small_chunks = ProgramRunner(exported.program("dense", prefill_chunk=4))
+    assert small_chunks.max_chunk == 4
+    torch.testing.assert_close(small_chunks.feed(prompt), one_shot, rtol=0, atol=1e-5)
+
+
+def test_program_metadata_comes_from_the_checkpoint(exported):
+    checkpoint = exported.checkpoint("dense")
+    runner = ProgramRunner(exported.program("dense"))
+    generation = json.loads((checkpoint / "generation_config.json").read_text())
+    config = json.loads((checkpoint / "config.json").read_text())
+    assert runner.max_context == 128 and runner.max_chunk == 128
+    assert runner.eos_ids == set(generation["eos_token_id"])
+    assert runner.metadata["get_bos_id"] == [generation["bos_token_id"]]
+    assert runner.metadata["get_vocab_size"] == [config["vocab_size"]]
+
+
+def test_gdn_run_greedy_text_equals_transformers_generate(exported, capsys):
+    from gdn_export.cli import run_main
+
+    checkpoint = exported.checkpoint("dense")
+    tokenizer = load_tokenizer(checkpoint / "tokenizer.json")
+    expected_ids = hugging_face_greedy(hugging_face_model(checkpoint), tokenizer.encode(PROMPT).ids, NEW_TOKENS)
+    status = run_main(["--model", str(exported.program("dense")), "--tokenizer", str(checkpoint / "tokenizer.json"),
+                       "--prompt", PROMPT, "--max-new-tokens", str(NEW_TOKENS)])
+    captured = capsys.readouterr()
+    assert status == 0
+    assert captured.out.rstrip("\n") == tokenizer.decode(expected_ids, skip_special_tokens=False)
+    assert "prefill:" in captured.err and "tok/s" in captured.err
+
+
+def test_stock_text_llm_runner_equals_transformers_generate(exported):
+    """ExecuTorch's own TextLLMRunner runs our program unchanged (it prints the text itself)."""
+    checkpoint = exported.checkpoint("dense")
+    tokenizer = load_tokenizer(checkpoint / "tokenizer.json")
+    expected_ids = hugging_face_greedy(hugging_face_model(checkpoint), tokenizer.encode(PROMPT).ids, NEW_TOKENS)
+    eos_ids = set(json.loads((checkpoint / "generation_config.json").read_text())["eos_token_id"])
+    # The stock runner prints tokens up to, not including, the EOS it stops at.
+    shown_ids = expected_ids[: next((i for i, t in enumerate(expected_ids) if t in eos_ids), len(expected_ids))]
+    script = (
+        "import gdn_export\n"
+        "from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner\n"
+        f"runner = TextLLMRunner({str(exported.program('dense'))!r}, {str(checkpoint / 'tokenizer.json')!r})\n"
+        f"runner.generate({PROMPT!r}, GenerationConfig(max_new_tokens={NEW_TOKENS}, temperature=0.0, echo=False))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert tokenizer.decode(shown_ids, skip_special_tokens=False) in result.stdout
+
+
+def eager_step_logits(model, prompt_ids, continuation):
+    """The same steps through our eager model (what the program was exported from)."""
+    with torch.no_grad():
+        logits = [model(torch.tensor([prompt_ids]), torch.tensor([0]))[0, -1]]
+        position = len(prompt_ids)
+        for token in continuation:
+            logits.append(model(torch.tensor([[token]]), torch.tensor([position]))[0, -1])
+            position += 1
+    return torch.stack(logits)
+
+
+@pytest.mark.parametrize(
+    "quantize, lowering_error, min_agreement",
+    # lowering_error bounds max |program - eager quantized model| relative to the
+    # logits' range (XNNPACK's int8 activation rounding differs slightly from
+    # torchao's reference); min_agreement is the share of 16 teacher-forced steps
+    # whose argmax equals unquantized transformers'.
+    [("int8wo", 1e-4, 0.9), ("8da4w", 0.03, 0.5)],
+)
+def test_quantized_programs_stay_close(exported, quantize, lowering_error, min_agreement):
+    from gdn_export import load_qwen35, rewrite
+    from gdn_export.quantize import quantize_linears
+
+    checkpoint = exported.checkpoint("dense")
+    runner = ProgramRunner(exported.program("dense", quantize=quantize))
+    hf = hugging_face_model(checkpoint)
+    prompt = fresh_prompt(8)
+    continuation = hugging_face_greedy(hf, prompt, 16)[:-1]
+    eager = quantize_linears(rewrite(load_qwen35(checkpoint, max_seq_len=128), backend="xnnpack"), quantize)
+    expected = eager_step_logits(eager, prompt, continuation)
+    actual = pte_step_logits(runner, prompt, continuation)
+    logit_range = (expected.max() - expected.min()).item()
+    assert (actual - expected).abs().max().item() <= lowering_error * logit_range
+    unquantized = hugging_face_step_logits(hf, prompt, continuation)
+    agreement = (actual.argmax(-1) == unquantized.argmax(-1)).float().mean().item()
+    assert agreement >= min_agreement

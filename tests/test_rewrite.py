@@ -1,0 +1,190 @@
+"""rewrite(model, backend): which recurrence each backend gets, what torch.export sees, and
+that the emitted ExecuTorch program updates the recurrent state and KV caches in place.
+"""
+
+import pytest
+import torch
+
+from gdn_export.loading import load_qwen35
+from gdn_export.models.qwen35 import GatedDeltaNet, PerTokenRecurrence
+from gdn_export.ops import runtime_ops_available
+from gdn_export.passes import RECURRENCES, FusedOpRecurrence, InplaceOpRecurrence, register_recurrence, rewrite
+from gdn_export.tiny import MODEL_VOCAB_SIZE, make_tiny_checkpoint
+
+MAX_SEQ_LEN = 32
+OPS = {
+    "portable": torch.ops.gdn.gated_delta_rule_inplace.default,
+    "xnnpack": torch.ops.gdn.gated_delta_rule_inplace.default,
+    "cuda": torch.ops.gdn.fused_gated_delta_rule.default,
+}
+
+
+@pytest.fixture(scope="module")
+def seed():
+    return torch.seed() % 2**31
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, seed):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), seed=seed)
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory, seed):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("moe"), moe=True, wrapper=True, seed=seed)
+
+
+def linear_attention_layers(model):
+    return [module for module in model.modules() if isinstance(module, GatedDeltaNet)]
+
+
+def random_tokens(length, generator):
+    return torch.randint(0, MODEL_VOCAB_SIZE, (1, length), generator=generator)
+
+
+def export(model, length, dynamic=False):
+    dynamic_shapes = ({1: torch.export.Dim("length", min=1, max=MAX_SEQ_LEN)}, None) if dynamic else None
+    example = (torch.randint(0, MODEL_VOCAB_SIZE, (1, length)), torch.tensor([0]))
+    return torch.export.export(model, example, dynamic_shapes=dynamic_shapes, strict=False)
+
+
+def call_targets(program):
+    return [node.target for node in program.graph.nodes if node.op == "call_function"]
+
+
+def assert_runs_like_eager(program, checkpoint, backend, calls, seed):
+    """The exported program, from zeroed state, gives the eager model's logits call after call."""
+    eager = load_qwen35(checkpoint, max_seq_len=MAX_SEQ_LEN)
+    if backend is not None:
+        rewrite(eager, backend=backend)
+    exported = program.module()
+    for buffer in exported.buffers():
+        buffer.zero_()
+    for tokens, position in calls:
+        expected = eager(tokens, torch.tensor([position]))
+        actual = exported(tokens, torch.tensor([position]))
+        difference = (actual - expected).abs().max().item()
+        assert difference <= 1e-5, f"seed={seed} backend={backend} position={position}: max abs diff {difference}"
+
+
+# ---------------------------------------------------------------- the table
+
+
+def test_each_backend_gets_its_recurrence(checkpoint):
+    expected = {"portable": InplaceOpRecurrence, "xnnpack": InplaceOpRecurrence,
+                "cuda": FusedOpRecurrence, "metal": FusedOpRecurrence}
+    for backend, recurrence_class in expected.items():
+        model = load_qwen35(checkpoint, max_seq_len=8)
+        assert all(isinstance(layer.recurrence, PerTokenRecurrence) for layer in linear_attention_layers(model))
+        assert rewrite(model, backend=backend) is model
+        layers = linear_attention_layers(model)
+        assert len(layers) == 2
+        assert all(type(layer.recurrence) is recurrence_class for layer in layers), backend
+
+
+def test_unknown_backend_is_rejected_with_the_valid_names(checkpoint):
+    model = load_qwen35(checkpoint, max_seq_len=8)
+    with pytest.raises(ValueError, match=r"unknown backend 'vulkan'; expected one of \['cuda', 'metal', 'portable', "
+                                         r"'xnnpack'\]"):
+        rewrite(model, backend="vulkan")
+    assert all(isinstance(layer.recurrence, PerTokenRecurrence) for layer in linear_attention_layers(model))
+
+
+def test_register_recurrence_adds_a_backend(checkpoint, monkeypatch):
+    class Marked(InplaceOpRecurrence):
+        pass
+
+    monkeypatch.setattr("gdn_export.passes.recurrence.RECURRENCES", dict(RECURRENCES))
+    register_recurrence("my_gpu", Marked)
+    model = rewrite(load_qwen35(checkpoint, max_seq_len=8), backend="my_gpu")
+    assert all(type(layer.recurrence) is Marked for layer in linear_attention_layers(model))
+
+
+# ---------------------------------------------------------------- graph selection
+
+
+@pytest.mark.parametrize("backend, moe", [("portable", False), ("cuda", False), ("xnnpack", True)])
+def test_rewritten_model_exports_one_op_per_layer_for_any_length(checkpoint, moe_checkpoint, backend, moe, seed):
+    checkpoint = moe_checkpoint if moe else checkpoint
+    model = rewrite(load_qwen35(checkpoint, max_seq_len=MAX_SEQ_LEN), backend=backend)
+    program = export(model, length=5, dynamic=True)
+    targets = call_targets(program)
+    assert targets.count(OPS[backend]) == len(linear_attention_layers(model))
+    assert not any("gated_delta_rule" in str(t) and t != OPS[backend] for t in targets)
+    # No per-token loop: the graph is the same size whatever the example length.
+    assert len(call_targets(export(model, length=2))) == len(call_targets(export(model, length=9)))
+
+    # The exported program, dynamic in T, computes what the eager model does: prefill then decode.
+    generator = torch.Generator().manual_seed(seed)
+    prompt, next_token = random_tokens(7, generator), random_tokens(1, generator)
+    assert_runs_like_eager(program, checkpoint, backend, [(prompt, 0), (next_token, 7)], seed)
+
+
+def test_unrewritten_model_exports_at_fixed_length_without_the_op(checkpoint, seed):
+    model = load_qwen35(checkpoint, max_seq_len=MAX_SEQ_LEN)
+    short, longer = export(model, length=2), export(model, length=3)
+    for program in (short, longer):
+        assert not any("gdn" in str(target) for target in call_targets(program))
+    # The per-token loop is unrolled: one more token, more nodes.
+    assert len(call_targets(longer)) > len(call_targets(short))
+    tokens = random_tokens(3, torch.Generator().manual_seed(seed))
+    assert_runs_like_eager(longer, checkpoint, None, [(tokens, 0)], seed)
+
+
+# ---------------------------------------------------------------- the emitted program
+
+
+def test_emitted_program_updates_state_and_caches_in_place(checkpoint, seed):
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
+
+    model = load_qwen35(checkpoint, max_seq_len=MAX_SEQ_LEN)
+    model.all_logits = False
+    rewrite(model, backend="portable")
+    edge = to_edge(export(model, length=4, dynamic=True), compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    lowered = edge.to_executorch(ExecutorchBackendConfig(run_reinplace_pass=True, emit_mutable_buffer_names=True))
+    plan = lowered.executorch_program.execution_plan[0]
+    buffer_names = {}
+    for index, value in enumerate(plan.values):
+        info = getattr(value.val, "extra_tensor_info", None)
+        if info is not None and info.fully_qualified_name:
+            buffer_names[index] = info.fully_qualified_name
+    state_values = {i: name for i, name in buffer_names.items() if name.endswith("recurrent_state")}
+    cache_values = {i: name for i, name in buffer_names.items() if name.endswith(("k_cache", "v_cache"))}
+    assert len(state_values) == 2 and len(cache_values) == 2, buffer_names
+
+    # Every instruction that touches a state or cache buffer, with its op name.
+    touching = {index: [] for index in (*state_values, *cache_values)}
+    for instruction in plan.chains[0].instructions:
+        arguments = instruction.instr_args
+        if not hasattr(arguments, "op_index"):
+            continue
+        operator = plan.operators[arguments.op_index]
+        name = f"{operator.name}.{operator.overload}" if operator.overload else operator.name
+        for index in set(arguments.args) & touching.keys():
+            touching[index].append((name, list(arguments.args)))
+
+    for index, name in state_values.items():
+        # The op's state argument is the buffer itself; no copy_ into or out of it.
+        assert [op for op, _ in touching[index]] == ["gdn::gated_delta_rule_inplace.out"], (name, touching[index])
+        (_, arguments), = touching[index]
+        assert arguments.index(index) == 5, f"{name} must be the op's state argument"
+    for index, name in cache_values.items():
+        operators = [op for op, _ in touching[index]]
+        assert operators.count("aten::index_put_") == 1, (name, operators)
+        assert set(operators) <= {"aten::index_put_", "aten::bmm.out"}, (name, operators)
+
+    if runtime_ops_available():
+        # With the C++ kernels built, run it: logits match eager call after call, which
+        # needs the state and caches carried over by those in-place updates alone.
+        from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
+
+        program = _load_for_executorch_from_buffer(lowered.buffer)
+        eager = load_qwen35(checkpoint, max_seq_len=MAX_SEQ_LEN)
+        eager.all_logits = False
+        generator = torch.Generator().manual_seed(seed)
+        for tokens, position in ((random_tokens(6, generator), 0), (random_tokens(1, generator), 6),
+                                 (random_tokens(3, generator), 7)):
+            expected = eager(tokens, torch.tensor([position]))
+            actual = program.forward((tokens, torch.tensor([position])))[0]
+            difference = (actual - expected).abs().max().item()
+            assert difference <= 1e-5, f"seed={seed} position={position}: max abs diff {difference}"
