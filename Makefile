@@ -11,6 +11,7 @@ install: $(INSTALLED)
 $(INSTALLED): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -e '.[test]'
+	$(PY) -m runtime_ops.build
 	touch $(INSTALLED)
 
 demo: install

@@ -176,7 +176,13 @@ def test_stock_text_llm_runner_equals_transformers_generate(exported):
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert tokenizer.decode(shown_ids, skip_special_tokens=False) in result.stdout
+    # The stock runner decodes and prints each token on its own, dropping bytes that are not
+    # a whole UTF-8 character by themselves (a random model emits many) and control characters.
+    def visible(text):
+        return "".join(c for c in text if c != "\ufffd" and (c.isprintable() or c in " \n"))
+
+    expected_text = "".join(visible(tokenizer.decode([token], skip_special_tokens=False)) for token in shown_ids)
+    assert len(expected_text) >= 16 and expected_text in visible(result.stdout)
 
 
 def eager_step_logits(model, prompt_ids, continuation):

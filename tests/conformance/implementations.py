@@ -13,6 +13,8 @@ from gdn_export.ops.contract import (
     reference_gated_delta_rule_out,
 )
 
+from .triton_implementations import TRITON_IMPLEMENTATIONS
+
 IMPLEMENTATIONS = [
     # The registered op on CPU: the reference until a kernel registers for the CPU key.
     Implementation(
@@ -30,3 +32,13 @@ IMPLEMENTATIONS = [
         inplace=gated_delta_rule_inplace_out,
     ),
 ]
+
+from .runtime_ops_implementations import RUNTIME_OPS_IMPLEMENTATIONS  # noqa: E402
+
+IMPLEMENTATIONS += RUNTIME_OPS_IMPLEMENTATIONS
+# cuda_backend's kernels on the GPU (empty without CUDA; the interpreter runs them in tests/test_cuda_kernels.py).
+IMPLEMENTATIONS += TRITON_IMPLEMENTATIONS
+# metal_backend's kernels on MPS (empty off macOS; the emulation harness runs them in tests/test_metal_*.py).
+from metal_backend.conformance import METAL_IMPLEMENTATIONS  # noqa: E402
+
+IMPLEMENTATIONS += METAL_IMPLEMENTATIONS

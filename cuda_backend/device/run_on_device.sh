@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Everything cuda_backend needs a GPU for, in one call on the lent machine; logs go to $OUT.
+#   run(command="bash cuda_backend/device/run_on_device.sh [tests|aoti|bench]...", carry=[".whl"])
+# With no argument it runs all three. Wheels come from cuda_backend/device/setup.sh.
+set -uo pipefail
+OUT=${OUT:-build/cuda_device}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
+status=0
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests aoti bench)
+for step in "${steps[@]}"; do
+  case "$step" in
+    tests)
+      python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/test_cuda_kernels.py tests/conformance} -k "cuda" \
+          > "$OUT/tests.log" 2>&1 || status=1
+      tail -5 "$OUT/tests.log" ;;
+    aoti)
+      python3 -X faulthandler -m cuda_backend.device.aoti_check "$OUT" > "$OUT/aoti.log" 2>&1 || status=1
+      grep -v "^W1\|Warning" "$OUT/aoti.log" | tail -30 ;;
+    bench)
+      python3 -m gdn_export.bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
+          --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;
+  esac
+done
+exit $status

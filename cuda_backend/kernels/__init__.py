@@ -1,0 +1,1 @@
+"""Triton kernels of the gated delta rule: per-token (decode) and chunk-parallel (prefill)."""

@@ -1,0 +1,327 @@
+"""``gdn-bench cuda``: the Triton kernels against fla-core, ExecuTorch's kernels and the copy floor.
+
+Shapes are Qwen3.5's larger models (Hk = 16, Hv = 32, Dk = Dv = 128; bf16
+activations, fp32 state). Every implementation is timed in the same run as
+CUDA-graph replays: one graph holds ``calls`` launches that cycle through
+enough input/state sets to exceed the L2 cache several times, so each launch
+reads from DRAM as it would in a model; the figure is graph time / calls.
+
+* decode (T = 1) at each ``--batches``: ours (the fused op: split, norm, gating
+  and recurrence, state in place; and the unfused op, state in place),
+  ExecuTorch 1.5.1 ``fused_deltanet_decode``, fla-core ``fused_recurrent_gated_delta_rule``
+  and the copy floor (a device-to-device copy of the state bytes, read + write);
+* prefill (B = 1) at each ``--lengths``: ours (chunked kernels, fused and
+  unfused), fla-core ``chunk_gated_delta_rule``, ExecuTorch's ``chunk_gated_delta_rule``
+  (fla's kernels behind a triton_op; it takes Hv heads of q/k, so they are repeated
+  for it outside the timed region).
+
+An anchor that cannot run (not installed, or it rejects the shape) is
+reported with its error instead of a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import traceback
+from pathlib import Path
+
+NUM_K_HEADS, NUM_V_HEADS, HEAD_DIM = 16, 32, 128
+ROTATION_BYTES_OVER_L2 = 4  # rotate through this many times the L2 size
+DECODE_SWEEP = ((16, 2), (32, 4), (64, 4), (64, 8), (128, 8))  # (value block, warps) for --sweep
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batches", default="1,8,32,128", help="decode batch sizes (comma-separated)")
+    parser.add_argument("--lengths", default="128,512,2048,8192", help="prefill lengths (comma-separated)")
+    parser.add_argument("--calls", type=int, default=20, help="launches per captured graph")
+    parser.add_argument("--replays", type=int, default=7, help="graph replays; the median is reported")
+    parser.add_argument("--sweep", action="store_true", help="also time the decode kernel at other launch shapes")
+    parser.add_argument("--json", type=Path, help="write all figures here")
+    parser.add_argument("--markdown", type=Path, help="write the tables here")
+    parser.add_argument("--plot", type=Path, help="write a PNG plot here (needs matplotlib)")
+
+
+def _graph_time_us(make_call, num_sets: int, calls: int, replays: int) -> float:
+    """Median microseconds per launch of ``make_call(i)()`` over a CUDA graph of ``calls`` launches."""
+    import torch
+
+    launches = [make_call(i % num_sets) for i in range(calls)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for launch in launches[: min(num_sets, 3)]:  # compile / autotune outside the graph
+            launch()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for launch in launches:
+            launch()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / calls)
+    return statistics.median(times)
+
+
+def _sets_for(bytes_per_set: int, l2_bytes: int) -> int:
+    return max(2, math.ceil(ROTATION_BYTES_OVER_L2 * l2_bytes / max(bytes_per_set, 1)))
+
+
+def _decode_inputs(batch: int, generator):
+    import torch
+    import torch.nn.functional as F
+
+    from gdn_export.ops.fused import gating, split_heads
+
+    channels = 2 * NUM_K_HEADS * HEAD_DIM + NUM_V_HEADS * HEAD_DIM
+    mixed_qkv = F.silu(torch.randn(batch, 1, channels, device="cuda", generator=generator)).bfloat16()
+    a = torch.randn(batch, 1, NUM_V_HEADS, device="cuda", generator=generator).bfloat16()
+    b = torch.randn(batch, 1, NUM_V_HEADS, device="cuda", generator=generator).bfloat16()
+    A_log = torch.rand(NUM_V_HEADS, device="cuda", generator=generator) * 2.7
+    dt_bias = 0.5 * torch.randn(NUM_V_HEADS, device="cuda", generator=generator)
+    state = 0.5 * torch.randn(batch, NUM_V_HEADS, HEAD_DIM, HEAD_DIM, device="cuda", generator=generator)
+    _, query, key, value = split_heads(mixed_qkv, state)
+    g, beta = gating(a, b, A_log, dt_bias)
+    return dict(mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state,
+                query=query.contiguous(), key=key.contiguous(), value=value.contiguous(), g=g.contiguous(),
+                beta=beta.contiguous(), output=torch.empty_like(value))
+
+
+def _decode_implementations(sweep: bool):
+    """name -> prepare(inputs) -> call(); with ``sweep``, ours at several launch shapes too."""
+    import torch
+
+    import cuda_backend  # noqa: F401
+
+    impls = {}
+
+    impls["ours: fused decode (in place)"] = lambda x: (
+        lambda: torch.ops.gdn_cuda.fused_recurrent_gated_delta_rule(
+            x["mixed_qkv"], x["a"], x["b"], x["A_log"], x["dt_bias"], x["state"]
+        )
+    )
+    if sweep:
+        from cuda_backend.triton_ops import run_recurrent
+        from gdn_export.ops.fused import split_heads
+
+        def tuned(value_block, num_warps):
+            def prepare(x):
+                _, query, key, value = split_heads(x["mixed_qkv"], x["state"])
+                return lambda: run_recurrent(
+                    query, key, value, x["a"], x["b"], x["state"], x["state"], x["output"],
+                    scale=HEAD_DIM ** -0.5, use_qk_l2norm=True, a_log=x["A_log"], dt_bias=x["dt_bias"],
+                    value_block=value_block, num_warps=num_warps,
+                )
+            return prepare
+
+        for value_block, num_warps in DECODE_SWEEP:
+            impls[f"ours: fused decode BV={value_block} warps={num_warps}"] = tuned(value_block, num_warps)
+    impls["ours: gated_delta_rule (in place)"] = lambda x: (
+        lambda: torch.ops.gdn_cuda.gated_delta_rule(
+            x["query"], x["key"], x["value"], x["g"], x["beta"], x["state"], x["output"], x["state"], None, True
+        )
+    )
+
+    def executorch(x):
+        from executorch.backends.cuda.triton.kernels.fused_deltanet_decode import fused_deltanet_decode
+
+        qkv, alpha, beta_raw = x["mixed_qkv"][:, 0], x["a"][:, 0], x["b"][:, 0]
+        return lambda: fused_deltanet_decode(qkv, alpha, beta_raw, x["A_log"], x["dt_bias"], x["state"])
+
+    impls["ExecuTorch 1.5.1 fused_deltanet_decode"] = executorch
+
+    def fla(x):
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+        return lambda: fused_recurrent_gated_delta_rule(
+            x["query"], x["key"], x["value"], g=x["g"], beta=x["beta"], initial_state=x["state"],
+            output_final_state=True, use_qk_l2norm_in_kernel=True,
+        )
+
+    impls["fla-core 0.6.0 fused_recurrent"] = fla
+
+    def copy_floor(x):
+        destination = torch.empty_like(x["state"])
+        return lambda: destination.copy_(x["state"])
+
+    impls["copy floor (state read + write)"] = copy_floor
+    return impls
+
+
+def _prefill_inputs(length: int, generator):
+    import torch
+    import torch.nn.functional as F
+
+    from gdn_export.ops.reference import l2_normalize
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", generator=generator)
+
+    query = randn(1, length, NUM_K_HEADS, HEAD_DIM).bfloat16()
+    key = randn(1, length, NUM_K_HEADS, HEAD_DIM).bfloat16()
+    value = randn(1, length, NUM_V_HEADS, HEAD_DIM).bfloat16()
+    g = F.logsigmoid(randn(1, length, NUM_V_HEADS) + 2.0)
+    beta = torch.sigmoid(randn(1, length, NUM_V_HEADS)).bfloat16()
+    state = 0.5 * randn(1, NUM_V_HEADS, HEAD_DIM, HEAD_DIM)
+    group = NUM_V_HEADS // NUM_K_HEADS
+    channels = torch.cat([query.flatten(2), key.flatten(2), value.flatten(2)], dim=-1)
+    return dict(
+        query=query, key=key, value=value, g=g, beta=beta, state=state, output=torch.empty_like(value),
+        mixed_qkv=channels, a=randn(1, length, NUM_V_HEADS).bfloat16(), b=randn(1, length, NUM_V_HEADS).bfloat16(),
+        A_log=torch.rand(NUM_V_HEADS, device="cuda", generator=generator) * 2.7,
+        dt_bias=0.5 * randn(NUM_V_HEADS),
+        # ExecuTorch's chunk op takes Hv heads of normalized q/k.
+        query_repeated=l2_normalize(query.float().repeat_interleave(group, 2)).bfloat16(),
+        key_repeated=l2_normalize(key.float().repeat_interleave(group, 2)).bfloat16(),
+    )
+
+
+def _prefill_implementations():
+    import torch
+
+    import cuda_backend  # noqa: F401
+
+    impls = {}
+    impls["ours: fused chunked (in place)"] = lambda x: (
+        lambda: torch.ops.gdn_cuda.fused_chunked_gated_delta_rule(
+            x["mixed_qkv"], x["a"], x["b"], x["A_log"], x["dt_bias"], x["state"]
+        )
+    )
+    impls["ours: gated_delta_rule (chunked, in place)"] = lambda x: (
+        lambda: torch.ops.gdn_cuda.gated_delta_rule(
+            x["query"], x["key"], x["value"], x["g"], x["beta"], x["state"], x["output"], x["state"], None, True
+        )
+    )
+
+    def fla(x):
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        return lambda: chunk_gated_delta_rule(
+            x["query"], x["key"], x["value"], g=x["g"], beta=x["beta"], initial_state=x["state"],
+            output_final_state=True, use_qk_l2norm_in_kernel=True,
+        )
+
+    impls["fla-core 0.6.0 chunk_gated_delta_rule"] = fla
+
+    def executorch(x):
+        from executorch.backends.cuda.triton.kernels.chunk_gated_delta_rule import chunk_gated_delta_rule
+
+        return lambda: chunk_gated_delta_rule(
+            x["query_repeated"], x["key_repeated"], x["value"], x["g"], x["beta"], x["state"]
+        )
+
+    impls["ExecuTorch 1.5.1 chunk_gated_delta_rule"] = executorch
+    return impls
+
+
+def _input_bytes(inputs: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in inputs.values())
+
+
+def _measure(kind: str, sizes, make_inputs, implementations, args, l2_bytes) -> dict:
+    import torch
+
+    results = {}
+    for size in sizes:
+        generator = torch.Generator(device="cuda").manual_seed(size)
+        first = make_inputs(size, generator)
+        num_sets = _sets_for(_input_bytes(first), l2_bytes)
+        sets = [first] + [make_inputs(size, generator) for _ in range(num_sets - 1)]
+        row = {"sets": num_sets}
+        for name, prepare in implementations.items():
+            try:
+                calls = [prepare(inputs) for inputs in sets]
+                row[name] = _graph_time_us(lambda i: calls[i], num_sets, args.calls, args.replays)
+            except Exception as error:  # an anchor that cannot run is reported, not fatal
+                row[name] = f"error: {type(error).__name__}: {str(error).splitlines()[0][:120] if str(error) else ''}"
+                traceback.print_exc(file=sys.stderr)
+            print(f"{kind} {size}: {name}: {row[name]}", flush=True)
+        results[size] = row
+        del sets, first
+        torch.cuda.empty_cache()
+    return results
+
+
+def _table(title: str, size_name: str, results: dict, reference: str) -> str:
+    names = [name for name in next(iter(results.values())) if name != "sets"]
+    lines = [f"### {title}", "", f"| {size_name} | " + " | ".join(names) + f" | ours / {reference} |",
+             "|" + "---|" * (len(names) + 2)]
+    for size, row in results.items():
+        cells = [f"{row[n]:.2f}" if isinstance(row[n], float) else row[n] for n in names]
+        ours = row[names[0]]
+        ratio = f"{ours / row[reference]:.2f}" if isinstance(ours, float) and isinstance(row[reference], float) else "-"
+        lines.append(f"| {size} | " + " | ".join(cells) + f" | {ratio} |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(path: Path, decode: dict, prefill: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for axis, results, label in ((axes[0], decode, "decode batch B (T = 1)"), (axes[1], prefill, "prefill length T (B = 1)")):
+        names = [name for name in next(iter(results.values())) if name != "sets"]
+        for name in names:
+            points = [(size, row[name]) for size, row in results.items() if isinstance(row[name], float)]
+            if points:
+                axis.plot(*zip(*points), marker="o", label=name)
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xlabel(label)
+        axis.set_ylabel("microseconds per layer call")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.suptitle("Gated DeltaNet on one H100: Hk=16, Hv=32, Dk=Dv=128, bf16 in, fp32 state (CUDA-graph replays)")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+
+
+def run(args) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gdn-bench cuda: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    try:
+        batches = [int(x) for x in args.batches.split(",")]
+        lengths = [int(x) for x in args.lengths.split(",")]
+    except ValueError:
+        print(f"gdn-bench cuda: --batches/--lengths must be comma-separated integers", file=sys.stderr)
+        return 2
+    properties = torch.cuda.get_device_properties(0)
+    l2_bytes = getattr(properties, "L2_cache_size", 50 * 2**20)
+    print(f"{properties.name}, {properties.multi_processor_count} SMs, L2 {l2_bytes / 2**20:.0f} MiB, "
+          f"torch {torch.__version__}", flush=True)
+    decode = _measure("decode B", batches, _decode_inputs, _decode_implementations(args.sweep), args, l2_bytes)
+    prefill = _measure("prefill T", lengths, _prefill_inputs, _prefill_implementations(), args, l2_bytes)
+    markdown = (
+        f"Device: {properties.name}; torch {torch.__version__}; microseconds per layer call "
+        f"(median of {args.replays} graph replays of {args.calls} launches).\n\n"
+        + _table("Decode (T = 1)", "B", decode, "copy floor (state read + write)")
+        + "\n"
+        + _table("Prefill (B = 1)", "T", prefill, "fla-core 0.6.0 chunk_gated_delta_rule")
+    )
+    print(markdown)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(markdown)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"device": properties.name, "decode": decode, "prefill": prefill}, indent=1))
+    if args.plot:
+        _plot(args.plot, decode, prefill)
+    return 0

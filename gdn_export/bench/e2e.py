@@ -1,0 +1,614 @@
+"""``gdn-bench e2e``: a random-weight Qwen3.5-0.8B-shaped model, end to end on CPU.
+
+One command builds (or reuses, from ``--workdir``) every artifact and times
+every system on the same weights in the same run:
+
+* ``checkpoint``: a Hugging Face folder of the published Qwen3.5-0.8B text shape
+  with seeded random weights (``Qwen3_5ForCausalLM``, fp32, tied embeddings);
+* ``ours`` / ``ours_8da4w``: our ``.pte`` (XNNPACK, fp32 and 8da4w), run with
+  ``ProgramRunner``;
+* ``hf``: transformers eager on the checkpoint (its pure-PyTorch GDN path);
+* ``executorch``: ExecuTorch's own Qwen3.5 flow (``convert_weights`` then
+  ``export_llm`` with its ``qwen3_5_xnnpack_fp32.yaml``), static shapes, so
+  its prompts go in one token per call.
+
+Exports run in child processes, so their wall time and peak RSS are theirs
+alone (``os.wait4``); they are kept in ``builds.json`` and reported again when
+an artifact is reused. Each system is timed in a fresh interpreter, so no two
+models share a process's memory. Measured figures accumulate in
+``results.json``; the table says when each row was measured, because ratios are
+only meaningful between rows of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from gdn_export.export import write_atomically
+
+SYSTEMS = ("ours", "ours_8da4w", "hf", "executorch")
+SYSTEM_LABELS = {
+    "ours": "gdn-export .pte (XNNPACK fp32)",
+    "ours_8da4w": "gdn-export .pte (XNNPACK 8da4w)",
+    "hf": "transformers eager (fp32)",
+    "executorch": "ExecuTorch export_llm flow (XNNPACK fp32)",
+}
+# The published Qwen3.5-0.8B text config (see /work/shared/anchors.md), as
+# ``Qwen3_5TextConfig`` keyword arguments.
+QWEN35_0_8B = dict(
+    vocab_size=248320,
+    hidden_size=1024,
+    intermediate_size=3584,
+    num_hidden_layers=24,
+    layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 6,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=256,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25},
+    linear_conv_kernel_dim=4,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_num_key_heads=16,
+    linear_num_value_heads=16,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    max_position_embeddings=262144,
+    bos_token_id=248045,
+    eos_token_id=[248046, 248044],
+)
+# Small enough that 24 residual layers keep activations and logits of order one.
+INIT_STD = 0.02
+ET_MODEL_CLASS = "qwen3_5_0_8b"
+# The issue's floors: (numerator, denominator, measure, least ratio).
+TARGETS = (
+    ("ours", "executorch", "decode", 1.2),
+    ("ours", "hf", "decode", 2.0),
+    ("ours", "hf", "prefill 512", 1.3),
+)
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def qwen35_0_8b_config():
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(initializer_range=INIT_STD, **QWEN35_0_8B)
+
+
+def executorch_params(config: dict) -> dict:
+    """ExecuTorch's llama ``ModelArgs`` (its params JSON) for a Hugging Face Qwen3.5 config.json."""
+    config = config.get("text_config", config)  # the multimodal checkpoints nest the text model's config
+    rope = config.get("rope_parameters") or {}
+    return {
+        "dim": config["hidden_size"],
+        "hidden_dim": config["intermediate_size"],
+        "n_heads": config["num_attention_heads"],
+        "n_kv_heads": config["num_key_value_heads"],
+        "head_dim": config["head_dim"],
+        "n_layers": config["num_hidden_layers"],
+        "norm_eps": config["rms_norm_eps"],
+        "rope_theta": rope.get("rope_theta", config.get("rope_theta")),
+        "partial_rotary_factor": rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0)),
+        "use_scaled_rope": False,
+        "use_hf_rope": True,
+        "vocab_size": config["vocab_size"],
+        "attention_qkv_bias": config.get("attention_bias", False),
+        # Qwen3.5's full attention: RMSNorm on q and k before RoPE, a sigmoid output
+        # gate packed into q_proj, and (1 + weight) RMSNorms everywhere but the GDN output.
+        "use_qk_norm": True,
+        "qk_norm_before_rope": True,
+        "use_q_gate": True,
+        "rms_norm_add_unit_offset": True,
+        "attention_type": "mha",
+        "linear_conv_kernel_dim": config["linear_conv_kernel_dim"],
+        "linear_key_head_dim": config["linear_key_head_dim"],
+        "linear_value_head_dim": config["linear_value_head_dim"],
+        "linear_num_key_heads": config["linear_num_key_heads"],
+        "linear_num_value_heads": config["linear_num_value_heads"],
+        "layer_types": list(config["layer_types"]),
+    }
+
+
+def write_json(path: Path, value) -> None:
+    write_atomically(path, lambda handle: handle.write(json.dumps(value, indent=2).encode()))
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+# ---------------------------------------------------------------------------
+# Artifacts: built in child processes, timed, and reused from the workdir.
+
+
+@dataclass
+class ChildRun:
+    seconds: float
+    peak_rss_bytes: int
+    returncode: int
+
+
+def run_child(command: list, log_path: Path, cwd: Optional[Path] = None) -> ChildRun:
+    """Run ``command`` with its output in ``log_path``; wall time and the peak RSS of that child alone."""
+    started = time.perf_counter()
+    with open(log_path, "wb") as output:
+        child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=cwd)
+        _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    # ru_maxrss is in KiB on Linux.
+    return ChildRun(time.perf_counter() - started, usage.ru_maxrss * 1024, child.returncode)
+
+
+class Workdir:
+    """The artifacts of one benchmark folder and the record of how each was built."""
+
+    def __init__(self, root: Path):
+        self.root = root.resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.checkpoint = self.root / "checkpoint"
+        self.ours = {"ours": self.root / "ours_fp32.pte", "ours_8da4w": self.root / "ours_8da4w.pte"}
+        # Not named "executorch": export_llm imports differently when its working folder is.
+        self.executorch_dir = self.root / "executorch_flow"
+        self.executorch_params = self.executorch_dir / "params.json"
+        self.executorch_weights = self.executorch_dir / "weights.pth"
+        self.executorch_pte = self.executorch_dir / f"{ET_MODEL_CLASS}_fp32.pte"
+        self.builds_path = self.root / "builds.json"
+        self.results_path = self.root / "results.json"
+
+    def builds(self) -> dict:
+        return read_json(self.builds_path)
+
+    def build(self, name: str, output: Path, command: list, cwd: Optional[Path] = None) -> None:
+        """Run ``command`` unless ``output`` exists; record its time, peak RSS and output size."""
+        if output.exists():
+            log(f"{name}: reusing {output}")
+            return
+        log_path = self.root / f"{name}.log"
+        log(f"{name}: building {output} (log: {log_path})")
+        child = run_child(command, log_path, cwd)
+        if child.returncode != 0 or not output.exists():
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"{name}: {' '.join(map(str, command))} failed ({child.returncode}):\n{tail}")
+        size = sum(p.stat().st_size for p in output.rglob("*")) if output.is_dir() else output.stat().st_size
+        builds = self.builds()
+        builds[name] = {
+            "seconds": round(child.seconds, 1),
+            "peak_rss_bytes": child.peak_rss_bytes,
+            "size_bytes": size,
+            "built_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+        write_json(self.builds_path, builds)
+        log(f"{name}: {child.seconds:.0f} s, peak RSS {child.peak_rss_bytes / 2**30:.2f} GiB")
+
+    def ensure_checkpoint(self, seed: int) -> None:
+        code = f"from gdn_export.bench.e2e import build_checkpoint; build_checkpoint({str(self.checkpoint)!r}, {seed})"
+        self.build("checkpoint", self.checkpoint, [sys.executable, "-c", code])
+
+    def ensure_ours(self, system: str) -> None:
+        quantize = "8da4w" if system == "ours_8da4w" else "none"
+        code = "import sys; from gdn_export.cli import export_main; sys.exit(export_main())"
+        command = [
+            sys.executable, "-c", code, "--checkpoint", str(self.checkpoint), "--output", str(self.ours[system]),
+            "--backend", "xnnpack", "--dtype", "fp32", "--quantize", quantize,
+        ]
+        self.build(f"export_{system}", self.ours[system], command)
+
+    def ensure_executorch(self) -> None:
+        from executorch.examples.models import qwen3_5
+
+        self.executorch_dir.mkdir(exist_ok=True)
+        if not self.executorch_params.exists():
+            params = executorch_params(json.loads((self.checkpoint / "config.json").read_text()))
+            write_json(self.executorch_params, params)
+        self.build(
+            "executorch_convert_weights", self.executorch_weights,
+            [sys.executable, "-m", "executorch.examples.models.qwen3_5.convert_weights",
+             str(self.checkpoint), str(self.executorch_weights)],
+        )
+        config = Path(qwen3_5.__file__).parent / "config" / "qwen3_5_xnnpack_fp32.yaml"
+        command = [
+            sys.executable, "-m", "executorch.extension.llm.export.export_llm", "--config", str(config),
+            f"+base.model_class={ET_MODEL_CLASS}",
+            f"+base.checkpoint={self.executorch_weights}",
+            f"+base.params={self.executorch_params}",
+            f"+export.output_dir={self.executorch_dir}",
+            f"+export.output_name={self.executorch_pte.name}",
+            # Hydra would otherwise leave an outputs/ folder in the working directory.
+            f"hydra.run.dir={self.executorch_dir / 'hydra'}",
+        ]
+        self.build("executorch_export_llm", self.executorch_pte, command, cwd=self.executorch_dir)
+
+
+def build_checkpoint(folder: str, seed: int) -> None:
+    """A seeded random-weight Qwen3.5-0.8B-shaped checkpoint with a small byte-level tokenizer, written atomically."""
+    import shutil
+    import tempfile
+
+    from transformers import Qwen3_5ForCausalLM
+
+    from gdn_export.tiny import build_tokenizer
+
+    folder = Path(folder)
+    torch.manual_seed(seed)
+    model = Qwen3_5ForCausalLM(qwen35_0_8b_config()).eval()
+    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    try:
+        staging.chmod(0o755)
+        model.save_pretrained(staging)
+        # Our exporter wants a tokenizer.json; token ids of the small tokenizer are a prefix of the model's vocab.
+        build_tokenizer().save(str(staging / "tokenizer.json"))
+        os.replace(staging, folder)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+# ---------------------------------------------------------------------------
+# Timing: one protocol for every system.
+
+
+@dataclass(frozen=True)
+class Plan:
+    prompts: tuple
+    decode_steps: int
+    vocab_size: int
+    seed: int
+    threads: int
+
+
+class HFSession:
+    """transformers eager with its own cache: the reset/feed surface of ProgramRunner."""
+
+    def __init__(self, checkpoint: Path):
+        from transformers import Qwen3_5ForCausalLM
+
+        self.model = Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        self.cache = None
+
+    def reset(self) -> None:
+        self.cache = None
+
+    def feed(self, tokens: list) -> torch.Tensor:
+        with torch.inference_mode():
+            output = self.model(
+                input_ids=torch.tensor([tokens]), past_key_values=self.cache, use_cache=True, logits_to_keep=1
+            )
+        self.cache = output.past_key_values
+        return output.logits[0, -1]
+
+
+class ExecuTorchFlowSession:
+    """A program from ExecuTorch's export_llm: static ``forward(tokens [1, 1], input_pos [1])``, one token per call."""
+
+    def __init__(self, pte: Path):
+        from executorch.extension.llm.custom_ops import custom_ops  # noqa: F401  (its sdpa / cache ops)
+        from executorch.runtime import Runtime
+
+        self.forward = Runtime.get().load_program(pte).load_method("forward")
+        self.position = 0
+
+    def reset(self) -> None:
+        self.position = 0
+
+    def feed(self, tokens: list) -> torch.Tensor:
+        for token in tokens:
+            (logits,) = self.forward.execute(
+                [torch.tensor([[token]], dtype=torch.long), torch.tensor([self.position], dtype=torch.long)]
+            )
+            self.position += 1
+        return logits.reshape(-1, logits.shape[-1])[-1]
+
+
+def time_session(session, plan: Plan) -> dict:
+    """Prefill tok/s per prompt length (one feed after reset) and decode tok/s (median single-token step)."""
+    generator = torch.Generator().manual_seed(plan.seed)
+
+    def random_tokens(count: int) -> list:
+        return torch.randint(0, plan.vocab_size, (count,), generator=generator).tolist()
+
+    session.reset()
+    session.feed(random_tokens(4))  # warm-up: first calls allocate and pack
+    session.feed(random_tokens(1))
+    prefill = {}
+    decode_steps_ms = []
+    for index, length in enumerate(plan.prompts):
+        session.reset()
+        started = time.perf_counter()
+        logits = session.feed(random_tokens(length))
+        seconds = time.perf_counter() - started
+        prefill[str(length)] = length / seconds
+        log(f"  prefill {length}: {seconds:.2f} s, {length / seconds:.1f} tok/s")
+        if index == 0:
+            # Decode right after the first prompt, greedily, as generation does.
+            for _ in range(plan.decode_steps):
+                token = int(logits.argmax())
+                started = time.perf_counter()
+                logits = session.feed([token])
+                decode_steps_ms.append(1e3 * (time.perf_counter() - started))
+            median = statistics.median(decode_steps_ms)
+            log(f"  decode {plan.decode_steps} steps after {length}: median {median:.1f} ms, {1e3 / median:.2f} tok/s")
+    if not all(math.isfinite(float(v)) for v in logits.float()[:8]):
+        raise RuntimeError("non-finite logits: the benchmark model's activations overflowed")
+    return {
+        "prefill_tok_s": prefill,
+        "decode_tok_s": 1e3 / statistics.median(decode_steps_ms) if decode_steps_ms else None,
+        "decode_steps_ms": [round(v, 2) for v in decode_steps_ms],
+    }
+
+
+def measure(system: str, artifact: str, plan: Plan) -> dict:
+    """Load one system and time it (runs in a fresh interpreter)."""
+    # The machine is shared: the 1-minute load average says how quiet it was.
+    load_before = os.getloadavg()[0]
+    # Every system gets the same number of threads: PyTorch's intra-op pool and
+    # ExecuTorch's (XNNPACK's and the custom kernels') pool.
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+    torch.set_num_threads(plan.threads)
+    _unsafe_reset_threadpool(plan.threads)
+    started = time.perf_counter()
+    if system == "hf":
+        session = HFSession(Path(artifact))
+    elif system == "executorch":
+        session = ExecuTorchFlowSession(Path(artifact))
+    else:
+        from gdn_export.runner import ProgramRunner
+
+        session = ProgramRunner(artifact)
+    load_seconds = time.perf_counter() - started
+    log(f"  loaded in {load_seconds:.1f} s")
+    timings = time_session(session, plan)
+    return {
+        "load_seconds": load_seconds, "threads": plan.threads, "load_average": [load_before, os.getloadavg()[0]],
+        **timings,
+    }
+
+
+def measure_in_child(system: str, artifact: Path, plan: Plan) -> dict:
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(measure, system, str(artifact), plan).result()
+
+
+# ---------------------------------------------------------------------------
+# Memory floor: weight bytes read per decoded token over the copy bandwidth.
+
+
+def memory_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 5) -> dict:
+    """Best-of-``repeats`` bandwidth of a large tensor copy (bytes read + written) and of a sum (bytes read)."""
+    torch.set_num_threads(threads)
+    source = torch.ones(nbytes // 4)
+    target = torch.empty_like(source)
+
+    def best_seconds(work: Callable[[], object]) -> float:
+        best = math.inf
+        for _ in range(repeats):
+            started = time.perf_counter()
+            work()
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    return {
+        "copy_bandwidth_bytes_s": 2 * nbytes / best_seconds(lambda: target.copy_(source)),
+        "read_bandwidth_bytes_s": nbytes / best_seconds(source.sum),
+    }
+
+
+def decode_weight_bytes(checkpoint: Path) -> int:
+    """fp32 bytes of the weights every decode step reads: all parameters, the tied embedding once (as lm_head)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as handle:
+            for name in handle.keys():
+                view = handle.get_slice(name)
+                total += math.prod(view.get_shape()) * 4
+    return total
+
+
+# ---------------------------------------------------------------------------
+# Report.
+
+
+def ratio(results: dict, numerator: str, denominator: str, measure_name: str) -> Optional[float]:
+    def value(system):
+        entry = results.get(system)
+        if not entry:
+            return None
+        if measure_name == "decode":
+            return entry.get("decode_tok_s")
+        return entry.get("prefill_tok_s", {}).get(measure_name.split()[1])
+
+    top, bottom = value(numerator), value(denominator)
+    return top / bottom if top and bottom else None
+
+
+def format_rate(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
+def report(results: dict, builds: dict, floor: dict, prompts: tuple) -> str:
+    """The markdown tables: tok/s, ratios against the issue's floors, and build costs."""
+    read_floor = floor["read_bandwidth_bytes_s"] / floor["weight_bytes"]
+    lines = [
+        f"Decode reads {floor['weight_bytes'] / 1e9:.2f} GB of fp32 weights per token. Copy bandwidth "
+        f"{floor['copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (read + written): memory floor "
+        f"{floor['floor_tok_s']:.2f} tok/s (the decode / floor column). Read bandwidth (a sum) "
+        f"{floor['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s: {read_floor:.2f} tok/s.",
+        "",
+        "| system | " + " | ".join(f"prefill {p} tok/s" for p in prompts)
+        + " | decode tok/s | decode / floor | threads | measured (load average) |",
+        "|---" * (len(prompts) + 5) + "|",
+    ]
+    for system in SYSTEMS:
+        entry = results.get(system)
+        if not entry:
+            continue
+        prefill = [format_rate(entry["prefill_tok_s"].get(str(p))) for p in prompts]
+        decode = entry.get("decode_tok_s")
+        share = f"{decode / floor['floor_tok_s']:.2f}" if decode and system != "ours_8da4w" else "-"
+        load = " to ".join(f"{value:.1f}" for value in entry.get("load_average", ()))
+        lines.append(
+            f"| {SYSTEM_LABELS[system]} | " + " | ".join(prefill)
+            + f" | {format_rate(decode)} | {share} | {entry.get('threads', '-')} | {entry['measured_at']} ({load}) |"
+        )
+    lines += ["", "| target | ratio | floor | met |", "|---|---|---|---|"]
+    for numerator, denominator, measure_name, least in TARGETS:
+        value = ratio(results, numerator, denominator, measure_name)
+        shown = "-" if value is None else f"{value:.2f}x"
+        met = "-" if value is None else "yes" if value >= least else "NO"
+        lines.append(f"| {measure_name}: {numerator} / {denominator} | {shown} | {least}x | {met} |")
+    if builds:
+        lines += [
+            "",
+            f"| build step | wall s | peak RSS GiB | peak RSS / fp32 weights ({floor['weight_bytes'] / 2**30:.2f} GiB) "
+            "| output GiB |",
+            "|---|---|---|---|---|",
+        ]
+        for name, entry in builds.items():
+            lines.append(
+                f"| {name} | {entry['seconds']:.0f} | {entry['peak_rss_bytes'] / 2**30:.2f} | "
+                f"{entry['peak_rss_bytes'] / floor['weight_bytes']:.1f}x | {entry['size_bytes'] / 2**30:.2f} |"
+            )
+    return "\n".join(lines)
+
+
+def plot(results: dict, prompts: tuple, floor: dict, path: Path) -> None:
+    """Grouped bars (log scale): tok/s of each system at each prefill length and for decode, with the decode floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    measures = [f"prefill {p}" for p in prompts] + ["decode"]
+    systems = [s for s in SYSTEMS if s in results]
+    width = 0.8 / max(len(systems), 1)
+    figure, axes = plt.subplots(figsize=(10, 5))
+    for index, system in enumerate(systems):
+        entry = results[system]
+        values = [entry["prefill_tok_s"].get(str(p)) for p in prompts] + [entry.get("decode_tok_s")]
+        positions = [m + (index - (len(systems) - 1) / 2) * width for m in range(len(measures))]
+        bars = axes.bar(positions, [v or 0 for v in values], width, label=SYSTEM_LABELS[system])
+        axes.bar_label(bars, labels=[format_rate(v) if v else "" for v in values], fontsize=7)
+    decode = len(measures) - 1
+    axes.hlines(floor["floor_tok_s"], decode - 0.45, decode + 0.45, colors="black", linestyles="dashed",
+                label=f"fp32 decode memory floor ({floor['floor_tok_s']:.1f} tok/s)")
+    axes.set_xticks(range(len(measures)), measures)
+    axes.set_yscale("log")
+    axes.yaxis.set_major_formatter(ScalarFormatter())
+    axes.yaxis.set_minor_formatter(NullFormatter())
+    axes.set_ylabel("tokens / s (log scale)")
+    threads = sorted({str(results[s].get("threads", "?")) for s in systems})
+    axes.set_title(f"Qwen3.5-0.8B shape, random weights, CPU, {'/'.join(threads)} thread(s)")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, lambda handle: figure.savefig(handle, format="png", dpi=120))
+    plt.close(figure)
+
+
+# ---------------------------------------------------------------------------
+# Command line.
+
+
+def _int_list(text: str) -> tuple:
+    try:
+        values = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _systems(text: str) -> tuple:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(set(names) - set(SYSTEMS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--only takes names from {', '.join(SYSTEMS)}, got {text!r}")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", type=Path, default=Path("build/e2e"),
+                        help="artifacts and results, reused across runs (default %(default)s)")
+    parser.add_argument("--only", type=_systems, default=SYSTEMS,
+                        help=f"systems to build and time this run, comma-separated (default {','.join(SYSTEMS)})")
+    parser.add_argument("--prompts", type=_int_list, default=(128, 512, 2048),
+                        help="prefill prompt lengths (default %(default)s)")
+    parser.add_argument("--executorch-prompts", type=_int_list, default=(128,),
+                        help="prompt lengths for ExecuTorch's flow, which prefills one token per call "
+                             "(default %(default)s)")
+    parser.add_argument("--decode-steps", type=int, default=32, help="timed decode steps (default %(default)s)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count(),
+                        help="threads for every system (default: the CPU count, %(default)s); on a busy machine "
+                             "fewer threads than cores avoids threads waiting on each other")
+    parser.add_argument("--seed", type=int, default=0, help="weights and prompt tokens (default %(default)s)")
+    parser.add_argument("--build-only", action="store_true", help="build the artifacts, time nothing")
+    parser.add_argument("--plot", type=Path, default=None, help="write a PNG bar plot here (needs matplotlib)")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the tables here as markdown")
+
+
+def run(args) -> int:
+    if args.decode_steps < 1:
+        raise ValueError(f"--decode-steps must be >= 1, got {args.decode_steps}")
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.plot is not None and args.plot.suffix != ".png":
+        raise ValueError(f"--plot must name a .png file, got {args.plot}")
+    workdir = Workdir(args.workdir)
+    workdir.ensure_checkpoint(args.seed)
+    artifacts = {"hf": workdir.checkpoint, "executorch": workdir.executorch_pte, **workdir.ours}
+    builders: dict[str, Callable[[], None]] = {
+        "hf": lambda: None,
+        "executorch": workdir.ensure_executorch,
+        "ours": lambda: workdir.ensure_ours("ours"),
+        "ours_8da4w": lambda: workdir.ensure_ours("ours_8da4w"),
+    }
+    results = read_json(workdir.results_path)
+    floor = results.get("memory_floor", {})
+    if not args.build_only:
+        log(f"measuring memory bandwidth ({args.threads} threads) and decode weight bytes")
+        floor = memory_bandwidth(args.threads)
+        floor["weight_bytes"] = decode_weight_bytes(workdir.checkpoint)
+        floor["floor_tok_s"] = floor["copy_bandwidth_bytes_s"] / floor["weight_bytes"]
+        results["memory_floor"] = floor
+    stamp = time.strftime("%Y-%m-%d %H:%M")
+    vocab_size = QWEN35_0_8B["vocab_size"]
+    for system in args.only:
+        builders[system]()
+        if args.build_only:
+            continue
+        prompts = args.executorch_prompts if system == "executorch" else args.prompts
+        log(f"{system}: timing prompts {', '.join(map(str, prompts))} and {args.decode_steps} decode steps")
+        plan = Plan(tuple(prompts), args.decode_steps, vocab_size, args.seed, args.threads)
+        results[system] = {**measure_in_child(system, artifacts[system], plan), "measured_at": stamp}
+        write_json(workdir.results_path, results)
+    if not floor:
+        return 0
+    systems = {s: results[s] for s in SYSTEMS if s in results}
+    table = report(systems, workdir.builds(), floor, args.prompts)
+    print(table)
+    if args.markdown is not None:
+        write_atomically(args.markdown, lambda handle: handle.write((table + "\n").encode()))
+    if args.plot is not None:
+        plot(systems, args.prompts, floor, args.plot)
+        log(f"wrote {args.plot}")
+    return 0

@@ -1,0 +1,149 @@
+// Eager PyTorch entry: the CPU kernels of gdn::gated_delta_rule (+ .out).
+//
+// The schemas are defined in Python (gdn_export/ops/contract.py); this file
+// only registers CPU implementations of them. Inputs may be any strided
+// views; the state needs unit stride along Dv, so other layouts go through a
+// contiguous copy.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cmath>
+
+#include "gated_delta_rule.h"
+
+namespace gdn {
+namespace {
+
+std::string dtype_name(at::ScalarType type) {
+  switch (type) {
+    case at::kFloat: return "torch.float32";
+    case at::kBFloat16: return "torch.bfloat16";
+    case at::kHalf: return "torch.float16";
+    case at::kDouble: return "torch.float64";
+    case at::kLong: return "torch.int64";
+    case at::kInt: return "torch.int32";
+    case at::kShort: return "torch.int16";
+    case at::kChar: return "torch.int8";
+    case at::kByte: return "torch.uint8";
+    case at::kBool: return "torch.bool";
+    default: return std::string("torch.") + c10::toString(type);
+  }
+}
+
+TensorInfo info_of(const at::Tensor& tensor) {
+  TensorInfo info;
+  info.sizes = tensor.sizes().vec();
+  const at::ScalarType type = tensor.scalar_type();
+  info.is_supported_float = type == at::kFloat || type == at::kBFloat16 || type == at::kHalf;
+  info.is_float32 = type == at::kFloat;
+  info.dtype_name = dtype_name(type);
+  return info;
+}
+
+void raise(const ContractError& error) {
+  if (error.kind == ContractError::Type) TORCH_CHECK_TYPE(false, error.message);
+  TORCH_CHECK_VALUE(false, error.message);
+}
+
+ElementType element_type(const at::Tensor& tensor) {
+  switch (tensor.scalar_type()) {
+    case at::kBFloat16: return ElementType::BFloat16;
+    case at::kHalf: return ElementType::Float16;
+    default: return ElementType::Float32;
+  }
+}
+
+InputView view_of(const at::Tensor& tensor) {
+  InputView view;
+  view.data = tensor.data_ptr();
+  view.type = element_type(tensor);
+  for (int64_t d = 0; d < tensor.dim(); ++d) view.strides[d] = tensor.stride(d);
+  return view;
+}
+
+void check_all(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& g,
+               const at::Tensor& beta, const at::Tensor& initial_state) {
+  if (ContractError error = check_inputs(info_of(query), info_of(key), info_of(value), info_of(g), info_of(beta),
+                                         info_of(initial_state)))
+    raise(error);
+  for (const at::Tensor* tensor : {&query, &key, &value, &g, &beta, &initial_state})
+    TORCH_CHECK(tensor->device().is_cpu(), "gdn.gated_delta_rule: all tensors must be on one device (cpu), got ",
+                tensor->device());
+}
+
+// The kernel proper, once every tensor is checked: final_state may be initial_state.
+void run(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& g,
+         const at::Tensor& beta, const at::Tensor& initial_state, std::optional<double> scale, bool use_qk_l2norm,
+         at::Tensor& output, at::Tensor& final_state) {
+  const bool in_place = final_state.is_same(initial_state);
+  // The core walks state rows with unit stride along Dv.
+  const at::Tensor initial = initial_state.stride(3) == 1 ? initial_state : initial_state.contiguous();
+  at::Tensor target = final_state.stride(3) == 1 ? final_state : at::empty_like(final_state, at::MemoryFormat::Contiguous);
+  if (in_place && !target.is_same(final_state)) target.copy_(initial);
+
+  GatedDeltaRuleProblem problem;
+  problem.batch = query.size(0);
+  problem.length = query.size(1);
+  problem.num_k_heads = query.size(2);
+  problem.key_dim = query.size(3);
+  problem.num_v_heads = value.size(2);
+  problem.value_dim = value.size(3);
+  problem.per_channel_gate = g.dim() == 4;
+  problem.use_qk_l2norm = use_qk_l2norm;
+  problem.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(double(problem.key_dim)));
+  problem.query = view_of(query);
+  problem.key = view_of(key);
+  problem.value = view_of(value);
+  problem.g = view_of(g);
+  problem.beta = view_of(beta);
+  const at::Tensor& source = in_place ? target : initial;
+  problem.initial_state = source.data_ptr<float>();
+  problem.final_state = target.data_ptr<float>();
+  for (int d = 0; d < 3; ++d) {
+    problem.initial_state_strides[d] = source.stride(d);
+    problem.final_state_strides[d] = target.stride(d);
+  }
+  problem.output = output.data_ptr();
+  for (int d = 0; d < 4; ++d) problem.output_strides[d] = output.stride(d);
+
+  gated_delta_rule(problem, [](int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
+    at::parallel_for(begin, end, 1, body);
+  });
+  if (!target.is_same(final_state)) final_state.copy_(target);
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_delta_rule_functional(const at::Tensor& query, const at::Tensor& key,
+                                                               const at::Tensor& value, const at::Tensor& g,
+                                                               const at::Tensor& beta, const at::Tensor& initial_state,
+                                                               std::optional<double> scale, bool use_qk_l2norm) {
+  check_all(query, key, value, g, beta, initial_state);
+  at::Tensor output = at::empty_like(value, at::MemoryFormat::Contiguous);
+  at::Tensor final_state = at::empty_like(initial_state, at::MemoryFormat::Contiguous);
+  run(query, key, value, g, beta, initial_state, scale, use_qk_l2norm, output, final_state);
+  return {output, final_state};
+}
+
+std::tuple<at::Tensor&, at::Tensor&> gated_delta_rule_out(const at::Tensor& query, const at::Tensor& key,
+                                                          const at::Tensor& value, const at::Tensor& g,
+                                                          const at::Tensor& beta, const at::Tensor& initial_state,
+                                                          std::optional<double> scale, bool use_qk_l2norm,
+                                                          at::Tensor& output, at::Tensor& final_state) {
+  check_all(query, key, value, g, beta, initial_state);
+  if (ContractError error = check_out_tensors(info_of(value), info_of(initial_state), info_of(output),
+                                              info_of(final_state)))
+    raise(error);
+  for (const at::Tensor* tensor : {&output, &final_state})
+    TORCH_CHECK(tensor->device().is_cpu(), "gdn.gated_delta_rule.out: output and final_state must be on cpu, got ",
+                tensor->device());
+  run(query, key, value, g, beta, initial_state, scale, use_qk_l2norm, output, final_state);
+  return {output, final_state};
+}
+
+}  // namespace
+}  // namespace gdn
+
+TORCH_LIBRARY_IMPL(gdn, CPU, m) {
+  m.impl("gated_delta_rule", &gdn::gated_delta_rule_functional);
+  m.impl("gated_delta_rule.out", &gdn::gated_delta_rule_out);
+}

@@ -1,0 +1,90 @@
+"""Build libgdn_runtime_ops.so from source: ``python -m runtime_ops.build``.
+
+Configures runtime_ops/CMakeLists.txt against the torch and executorch
+packages installed in this interpreter's environment (never a pip build
+environment's own torch), compiles it, and places the libraries where the loader
+looks: ``runtime_ops/lib/libgdn_runtime_ops.so`` and
+``runtime_ops/lib/libgdn_runtime_ops_aten.so`` (each written to a temporary name
+first, then renamed, so a running process never sees half a file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).resolve().parent
+LIBRARY_NAME = "libgdn_runtime_ops.so"  # the ExecuTorch kernels (no torch dependency)
+ATEN_LIBRARY_NAME = "libgdn_runtime_ops_aten.so"  # the eager PyTorch kernels, found next to it
+INSTALLED_LIBRARY = SOURCE_DIR / "lib" / LIBRARY_NAME
+MIN_CMAKE = (3, 19)  # what executorch-config.cmake asks for
+
+
+def _cmake_version(cmake: str) -> tuple[int, ...]:
+    first_line = subprocess.run([cmake, "--version"], capture_output=True, text=True, check=True).stdout.split("\n")[0]
+    return tuple(int(part) for part in first_line.split()[-1].split("-")[0].split(".")[:2])
+
+
+def find_cmake() -> str:
+    """A CMake new enough for the executorch package: the pip ``cmake`` package's, else the system one."""
+    candidates = []
+    try:
+        import cmake  # the package index's CMake, when the system one is too old
+
+        candidates.append(str(Path(cmake.CMAKE_BIN_DIR) / "cmake"))
+    except ImportError:
+        pass
+    if shutil.which("cmake"):
+        candidates.append(shutil.which("cmake"))
+    for candidate in candidates:
+        if _cmake_version(candidate) >= MIN_CMAKE:
+            return candidate
+    raise RuntimeError(
+        f"runtime_ops build: CMake >= {'.'.join(map(str, MIN_CMAKE))} not found (tried {candidates or 'PATH'}); "
+        f"install it with `{sys.executable} -m pip install cmake`"
+    )
+
+
+def package_cmake_dirs() -> list[str]:
+    import torch.utils
+
+    import executorch
+
+    executorch_root = Path(next(iter(executorch.__path__)))
+    return [torch.utils.cmake_prefix_path, str(executorch_root / "share" / "cmake")]
+
+
+def build(build_dir: Path, native: bool = True, jobs: int | None = None) -> Path:
+    cmake = find_cmake()
+    configure = [
+        cmake, "-S", str(SOURCE_DIR), "-B", str(build_dir),
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DCMAKE_PREFIX_PATH={';'.join(package_cmake_dirs())}",
+        f"-DGDN_NATIVE_ARCH={'ON' if native else 'OFF'}",
+    ]
+    subprocess.run(configure, check=True)
+    subprocess.run([cmake, "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 1)], check=True)
+    INSTALLED_LIBRARY.parent.mkdir(exist_ok=True)
+    for name in (LIBRARY_NAME, ATEN_LIBRARY_NAME):
+        staging = INSTALLED_LIBRARY.with_name(f".{name}.{os.getpid()}.tmp")
+        shutil.copy2(build_dir / name, staging)
+        os.replace(staging, INSTALLED_LIBRARY.with_name(name))
+    return INSTALLED_LIBRARY.parent
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime_ops.build", description=__doc__.splitlines()[0])
+    parser.add_argument("--build-dir", type=Path, default=SOURCE_DIR.parent / "build" / "runtime_ops")
+    parser.add_argument("--portable", action="store_true", help="compile without -march=native")
+    parser.add_argument("-j", "--jobs", type=int, default=None)
+    args = parser.parse_args(argv)
+    print(f"runtime_ops: built {build(args.build_dir, native=not args.portable, jobs=args.jobs)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""gdn-bench e2e: the cheap logic (params mapping, weight bytes, child RSS, report math); no model is timed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import pytest
+import torch
+
+from gdn_export.bench import e2e
+
+
+def tiny_hf_config(seed: int):
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4 + seed % 1000, "partial_rotary_factor": 0.25},
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    )
+
+
+def test_published_shape_params_are_executorch_model_args_fields():
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    params = e2e.executorch_params(e2e.qwen35_0_8b_config().to_dict())
+    fields = {field.name for field in dataclasses.fields(ModelArgs)}
+    assert set(params) <= fields, f"not ModelArgs fields: {sorted(set(params) - fields)}"
+    args = ModelArgs(**json.loads(json.dumps(params)))  # through JSON, as export_llm reads it
+    # The published Qwen3.5-0.8B figures (anchors.md), independent of QWEN35_0_8B's spelling.
+    assert (args.dim, args.hidden_dim, args.n_layers, args.vocab_size) == (1024, 3584, 24, 248320)
+    assert (args.n_heads, args.n_kv_heads, args.head_dim) == (8, 2, 256)
+    assert (args.linear_num_key_heads, args.linear_num_value_heads) == (16, 16)
+    assert (args.linear_key_head_dim, args.linear_value_head_dim, args.linear_conv_kernel_dim) == (128, 128, 4)
+    assert args.rope_freq_base == 1e7 and args.partial_rotary_factor == 0.25 and args.norm_eps == 1e-6
+    assert args.layer_types == ["linear_attention"] * 3 + ["full_attention"] + args.layer_types[4:]
+    assert args.layer_types.count("full_attention") == 6 and args.layer_types[3::4] == ["full_attention"] * 6
+
+
+def test_executorch_model_from_params_matches_transformers():
+    """ExecuTorch's llama Transformer built from our params JSON and its converted weights computes HF's logits."""
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+    from executorch.examples.models.qwen3_5.convert_weights import qwen_3_5_to_meta
+    from transformers import Qwen3_5ForCausalLM
+
+    seed = torch.seed()
+    torch.manual_seed(seed)
+    config = tiny_hf_config(seed)
+    reference = Qwen3_5ForCausalLM(config).eval()
+    with torch.no_grad():  # every weight random, norms included, so a wrong flag shows
+        for parameter in reference.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    params = e2e.executorch_params(json.loads(config.to_json_string()))
+    model = construct_transformer(ModelArgs(**params, generate_full_logits=True, max_seq_len=32, max_context_len=32))
+    state = {k: v for k, v in reference.state_dict().items() if k != "lm_head.weight"}  # tied, as saved
+    missing, unexpected = model.load_state_dict(qwen_3_5_to_meta(state), strict=False)
+    assert not unexpected, unexpected
+    assert all(name.endswith(("conv_state", "recurrent_state")) for name in missing), missing  # runtime state
+    tokens = torch.randint(0, config.vocab_size, (1, 11))
+    with torch.no_grad():
+        expected = reference(tokens).logits
+        actual = model.eval()(tokens)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4, msg=lambda m: f"seed {seed}: {m}")
+
+
+def test_decode_weight_bytes_counts_every_parameter_once(tmp_path):
+    from transformers import Qwen3_5ForCausalLM
+
+    seed = torch.seed()
+    model = Qwen3_5ForCausalLM(tiny_hf_config(seed))
+    model.save_pretrained(tmp_path)
+    unique = {id(p): p.numel() for p in model.parameters()}  # the tied lm_head is the embedding
+    assert e2e.decode_weight_bytes(tmp_path) == 4 * sum(unique.values()), f"seed {seed}"
+
+
+def test_run_child_reports_that_childs_time_and_peak_rss(tmp_path):
+    megabytes = 200 + torch.randint(0, 100, ()).item()
+    code = f"import time, torch; x = torch.ones({megabytes} * 2**18); time.sleep(0.2)"
+    child = e2e.run_child([sys.executable, "-c", code], tmp_path / "child.log")
+    assert child.returncode == 0
+    assert megabytes * 2**20 <= child.peak_rss_bytes < (megabytes + 1500) * 2**20, (megabytes, child)
+    assert child.seconds >= 0.2
+    failing = e2e.run_child([sys.executable, "-c", "raise SystemExit(3)"], tmp_path / "failing.log")
+    assert failing.returncode == 3
+
+
+def test_report_ratios_and_floor_checks():
+    generator = torch.Generator().manual_seed(torch.seed())
+    hf_prefill, hf_decode, et_decode = (float(v) for v in 10 + 50 * torch.rand(3, generator=generator))
+    results = {
+        "ours": {"prefill_tok_s": {"128": 9 * hf_prefill, "512": 1.25 * hf_prefill}, "decode_tok_s": 2.5 * hf_decode,
+                 "measured_at": "t"},
+        "hf": {"prefill_tok_s": {"128": hf_prefill, "512": hf_prefill}, "decode_tok_s": hf_decode, "measured_at": "t"},
+        "executorch": {"prefill_tok_s": {"128": et_decode}, "decode_tok_s": et_decode, "measured_at": "t"},
+    }
+    assert e2e.ratio(results, "ours", "hf", "prefill 128") == pytest.approx(9)
+    assert e2e.ratio(results, "ours", "hf", "decode") == pytest.approx(2.5)
+    assert e2e.ratio(results, "ours", "executorch", "decode") == pytest.approx(2.5 * hf_decode / et_decode)
+    assert e2e.ratio(results, "ours", "executorch", "prefill 512") is None  # not measured
+    floor = {"copy_bandwidth_bytes_s": 36e9, "read_bandwidth_bytes_s": 45e9, "weight_bytes": 3e9, "floor_tok_s": 12.0}
+    table = e2e.report(results, {}, floor, (128, 512))
+    assert "| prefill 512: ours / hf | 1.25x | 1.3x | NO |" in table
+    assert "| decode: ours / hf | 2.50x | 2.0x | yes |" in table
+    ours_row = next(line for line in table.splitlines() if line.startswith(f"| {e2e.SYSTEM_LABELS['ours']}"))
+    assert f"| {2.5 * hf_decode / 12.0:.2f} |" in ours_row
+    assert "floor 12.00 tok/s" in table and "45.0 GB/s: 15.00 tok/s" in table
+
+
+def test_bad_flags_are_rejected():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    e2e.add_arguments(parser)
+    assert parser.parse_args(["--only", "hf,ours", "--prompts", "16,32"]).only == ("hf", "ours")
+    for flags in (["--only", "hf,llama"], ["--prompts", "0"], ["--prompts", "a"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(flags)

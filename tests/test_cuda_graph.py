@@ -1,0 +1,72 @@
+"""The CUDA rewrite's graph: which gdn_cuda op a tiny Qwen3.5 exports with, and the lowering helpers.
+
+Runs on the CPU: torch.export traces the triton_ops through their fake
+implementations, so no GPU (and no Triton interpreter) is needed.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")  # the CUDA rewrite's ops are triton_ops
+
+from cuda_backend.lowering import CudaLoweringError, depthwise_conv1d_as_products, lower_to_cuda  # noqa: E402
+from gdn_export.passes import rewrite  # noqa: E402
+from gdn_export.passes.cuda import CudaFusedRecurrence  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cuda_model(tmp_path_factory):
+    from gdn_export.loading import load_qwen35
+    from gdn_export.passes import RECURRENCES
+    from gdn_export.tiny import make_tiny_checkpoint
+
+    checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), key_head_dim=64, value_head_dim=64)
+    model = load_qwen35(checkpoint, max_seq_len=64)
+    saved = RECURRENCES["cuda"]
+    RECURRENCES["cuda"] = CudaFusedRecurrence
+    try:
+        yield rewrite(model, "cuda")
+    finally:
+        RECURRENCES["cuda"] = saved
+
+
+def _gdn_ops(model, length: int) -> list[str]:
+    tokens = torch.randint(0, 300, (1, length))
+    with torch.no_grad():
+        program = torch.export.export(model, (tokens, torch.zeros(1, dtype=torch.long)), strict=False)
+    return [str(node.target) for node in program.graph.nodes if "gdn" in str(node.target)]
+
+
+def test_decode_export_holds_the_fused_decode_op(cuda_model):
+    ops = _gdn_ops(cuda_model, 1)
+    assert ops == ["gdn_cuda.fused_recurrent_gated_delta_rule.default"] * 2, ops  # one per linear-attention layer
+
+
+def test_prefill_export_holds_the_chunked_op(cuda_model):
+    ops = _gdn_ops(cuda_model, 5)
+    assert ops == ["gdn_cuda.fused_chunked_gated_delta_rule.default"] * 2, ops
+
+
+def test_depthwise_conv1d_decomposition_matches_conv1d():
+    seed = torch.seed()
+    generator = torch.Generator().manual_seed(seed)
+    channels = 12
+    x = torch.randn(2, channels, 9, generator=generator)
+    weight = torch.randn(channels, 1, 4, generator=generator)
+    bias = torch.randn(channels, generator=generator)
+    expected = F.conv1d(x, weight, bias, groups=channels)
+    actual = depthwise_conv1d_as_products(x, weight, bias, [1], [0], [1], False, [0], channels)
+    assert torch.allclose(actual, expected, atol=1e-5), f"seed {seed}"
+    # Any other convolution is left to the default lowering.
+    assert depthwise_conv1d_as_products(x, weight.repeat(1, 2, 1)[:6], None, [1], [0], [1], False, [0], 6) \
+        is NotImplemented
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised on machines without CUDA")
+def test_lowering_without_cuda_raises_a_clear_error(tmp_path):
+    with pytest.raises(CudaLoweringError, match="no CUDA device"):
+        lower_to_cuda(None, output=tmp_path / "model.pte")
+    assert not list(tmp_path.iterdir())

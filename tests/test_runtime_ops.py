@@ -1,0 +1,176 @@
+"""The C++ CPU kernel (runtime_ops/): loading, in-place state, bad input, .pte state.
+
+Numerical conformance over the whole case table runs in tests/conformance/
+(``op-cpu`` eagerly, ``runtime-ops-pte`` inside ExecuTorch programs); these
+tests cover what the table does not.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gdn_export.ops import contract, reference, runtime_ops_available
+from gdn_export.ops.conformance import OpCase, make_inputs, relative_error
+from runtime_ops import loader
+from tests.conformance.runtime_ops_implementations import export_program
+
+
+def fresh_inputs(**case_fields):
+    seed = torch.seed()
+    case = OpCase(**case_fields)
+    return case, make_inputs(case, torch.Generator().manual_seed(seed)), seed
+
+
+def test_cpu_dispatch_runs_the_cpp_kernel():
+    assert runtime_ops_available(), f"no C++ kernels at {loader.library_path()}: run python -m runtime_ops.build"
+    for op in ("gated_delta_rule", "gated_delta_rule.out"):
+        table = torch._C._dispatch_dump_table(f"gdn::{op}")
+        cpu_line = next(line for line in table.splitlines() if line.startswith("CPU:"))
+        assert "aten_kernel.cpp" in cpu_line, cpu_line
+
+
+@pytest.mark.parametrize("length", [1, 40])  # token by token, and the chunked form
+@pytest.mark.parametrize("gate", ["scalar", "per_channel"])
+def test_out_in_place_matches_functional(length, gate):
+    case, inputs, seed = fresh_inputs(length=length, gate=gate)
+    args = inputs.as_args()
+    expected_output, expected_state = torch.ops.gdn.gated_delta_rule(*args[:5], args[5], use_qk_l2norm=True)
+    state = args[5].clone()
+    output = torch.full_like(args[2], float("nan"))
+    result = torch.ops.gdn.gated_delta_rule.out(
+        *args[:5], state, use_qk_l2norm=True, output=output, final_state=state
+    )
+    assert result[1].data_ptr() == state.data_ptr()
+    assert torch.equal(output, expected_output), f"seed {seed}"
+    assert torch.equal(state, expected_state), f"seed {seed}"
+    reference_output, reference_state = reference.recurrent_gated_delta_rule(
+        *[t.double() for t in args], use_qk_l2norm=True
+    )
+    assert relative_error(output, reference_output) <= case.tolerance, f"seed {seed}"
+    assert relative_error(state, reference_state) <= case.tolerance, f"seed {seed}"
+
+
+def test_out_with_strided_state_and_output():
+    """Out tensors that are views with unit stride nowhere still receive the results."""
+    case, inputs, seed = fresh_inputs(length=20)
+    args = inputs.as_args()
+    expected_output, expected_state = reference.recurrent_gated_delta_rule(
+        *[t.double() for t in args], use_qk_l2norm=True
+    )
+    output = torch.full(args[2].shape[::-1], float("nan")).permute(3, 2, 1, 0)
+    final_state = torch.full(args[5].shape[::-1], float("nan")).permute(3, 2, 1, 0)
+    torch.ops.gdn.gated_delta_rule.out(*args, use_qk_l2norm=True, output=output, final_state=final_state)
+    assert relative_error(output, expected_output) <= case.tolerance, f"seed {seed}"
+    assert relative_error(final_state, expected_state) <= case.tolerance, f"seed {seed}"
+
+
+def _error_of(call):
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the type and text are what is compared
+        return type(error), str(error).split("\n")[0]
+    return None
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        lambda a: a.__setitem__(4, a[4][:, :-1]),  # beta one token short
+        lambda a: a.__setitem__(3, a[3][..., :1]),  # KDA gate with Dk = 1
+        lambda a: a.__setitem__(5, a[5].double()),  # fp64 state
+        lambda a: a.__setitem__(0, a[0].int()),  # integer query
+        lambda a: a.__setitem__(5, a[5][0]),  # state without batch dim
+    ],
+    ids=["beta-length", "g-channels", "state-dtype", "query-dtype", "state-rank"],
+)
+def test_bad_input_raises_the_reference_error(breakage):
+    _, inputs, _ = fresh_inputs(length=6, gate="per_channel")
+    args = list(inputs.as_args())
+    breakage(args)
+    expected = _error_of(lambda: contract.check_inputs(*args))
+    assert expected is not None
+    assert _error_of(lambda: torch.ops.gdn.gated_delta_rule(*args, use_qk_l2norm=True)) == expected
+
+
+def test_bad_out_tensor_raises_before_writing():
+    _, inputs, _ = fresh_inputs(length=3)
+    args = inputs.as_args()
+    output = torch.full((1, 3, 4, 31), float("nan"))
+    final_state = torch.full_like(args[5], float("nan"))
+    with pytest.raises(ValueError, match="output must have shape"):
+        torch.ops.gdn.gated_delta_rule.out(*args, output=output, final_state=final_state)
+    assert final_state.isnan().all()
+
+
+class StatefulDecode(torch.nn.Module):
+    """One token per call; the recurrent state is a buffer the program updates in place."""
+
+    def __init__(self, state_shape):
+        super().__init__()
+        self.register_buffer("state", torch.zeros(state_shape))
+
+    def forward(self, query, key, value, g, beta):
+        return torch.ops.gdn.gated_delta_rule_inplace(query, key, value, g, beta, self.state, use_qk_l2norm=True)
+
+
+def test_pte_decode_keeps_its_state_across_calls():
+    case, inputs, seed = fresh_inputs(length=8, gate="per_channel")
+    args = inputs.as_args()
+    program = export_program(StatefulDecode(args[5].shape), tuple(t[:, :1] for t in args[:5]), dynamic_length=False)
+    # ExecuTorch plans mutable buffers as zeroed memory, without the eager initial value.
+    state = torch.zeros(args[5].shape, dtype=torch.float64)
+    for t in range(case.length):
+        step = [x[:, t : t + 1] for x in args[:5]]
+        (output,) = program.execute(step)
+        expected_output, state = reference.recurrent_gated_delta_rule(
+            *[x.double() for x in step], state, use_qk_l2norm=True
+        )
+        assert relative_error(output, expected_output) <= case.tolerance, f"token {t}, seed {seed}"
+
+
+class Functional(torch.nn.Module):
+    def forward(self, query, key, value, g, beta, initial_state):
+        return torch.ops.gdn.gated_delta_rule(query, key, value, g, beta, initial_state)
+
+
+def test_pte_rejects_inconsistent_shapes_without_crashing():
+    """Lengths that disagree pass the runtime's per-input bounds; the kernel must refuse them."""
+    case, inputs, seed = fresh_inputs(length=6)
+    args = list(inputs.as_args())
+    program = export_program(Functional(), tuple(args))
+    bad = list(args)
+    bad[4] = args[4][:, :4]  # beta for 4 tokens, query for 6
+    with pytest.raises(RuntimeError):
+        program.execute(bad)
+    bad = list(args)
+    bad[0] = args[0][:, :5]  # query for 5 tokens, the rest for 6
+    with pytest.raises(RuntimeError):
+        program.execute(bad)
+    output, final_state = program.execute(args)  # still usable afterwards
+    expected_output, expected_state = reference.recurrent_gated_delta_rule(*[t.double() for t in args])
+    assert relative_error(output, expected_output) <= case.tolerance, f"seed {seed}"
+    assert relative_error(final_state, expected_state) <= case.tolerance, f"seed {seed}"
+
+
+def test_missing_library_keeps_the_reference_and_names_the_path(tmp_path):
+    missing = tmp_path / "libgdn_runtime_ops.so"
+    script = (
+        "import warnings, torch\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    from gdn_export.ops import runtime_ops_available\n"
+        "assert not runtime_ops_available()\n"
+        "print([str(w.message) for w in caught if 'runtime ops' in str(w.message)][0])\n"
+        "q = torch.randn(1, 3, 1, 4); v = torch.randn(1, 3, 1, 4)\n"
+        "out, state = torch.ops.gdn.gated_delta_rule(q, q, v, -torch.rand(1, 3, 1), torch.rand(1, 3, 1),"
+        " torch.randn(1, 1, 4, 4))\n"
+        "print('reference ok', tuple(out.shape))\n"
+    )
+    env = dict(os.environ, GDN_RUNTIME_OPS_LIB=str(missing))
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert str(missing) in result.stdout and "runtime_ops.build" in result.stdout
+    assert "reference ok (1, 3, 1, 4)" in result.stdout
