@@ -197,14 +197,17 @@ def eager_step_logits(model, prompt_ids, continuation):
 
 
 @pytest.mark.parametrize(
-    "quantize, lowering_error, min_agreement",
+    "quantize, lowering_error, max_quantization_error",
     # lowering_error bounds max |program - eager quantized model| relative to the
     # logits' range (XNNPACK's int8 activation rounding differs slightly from
-    # torchao's reference); min_agreement is the share of 16 teacher-forced steps
-    # whose argmax equals unquantized transformers'.
-    [("int8wo", 1e-4, 0.9), ("8da4w", 0.03, 0.5)],
+    # torchao's reference). max_quantization_error bounds the program's distance to
+    # unquantized transformers over 16 teacher-forced steps, relative to the spread of
+    # transformers' logits; measured on tiny random models: int8wo about 0.03, 8da4w
+    # about 0.45 (4-bit groups of 32 on 64-wide layers), where unrelated logits give ~1.4.
+    # (Argmax agreement is no measure here: a random model's top logits are near ties.)
+    [("int8wo", 1e-4, 0.1), ("8da4w", 0.03, 0.8)],
 )
-def test_quantized_programs_stay_close(exported, quantize, lowering_error, min_agreement):
+def test_quantized_programs_stay_close(exported, quantize, lowering_error, max_quantization_error):
     from gdn_export import load_qwen35, rewrite
     from gdn_export.quantize import quantize_linears
 
@@ -219,5 +222,5 @@ def test_quantized_programs_stay_close(exported, quantize, lowering_error, min_a
     logit_range = (expected.max() - expected.min()).item()
     assert (actual - expected).abs().max().item() <= lowering_error * logit_range
     unquantized = hugging_face_step_logits(hf, prompt, continuation)
-    agreement = (actual.argmax(-1) == unquantized.argmax(-1)).float().mean().item()
-    assert agreement >= min_agreement
+    spread = (unquantized - unquantized.mean(-1, keepdim=True)).norm()
+    assert ((actual - unquantized).norm() / spread).item() <= max_quantization_error

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from gdn_export.loading import load_qwen35
-from gdn_export.models.qwen35 import GatedDeltaNet, PerTokenRecurrence
+from gdn_export.models.qwen35 import GatedAttention, GatedDeltaNet, MaskedCacheAttention, PerTokenRecurrence
 from gdn_export.ops import runtime_ops_available
 from gdn_export.passes import RECURRENCES, FusedOpRecurrence, InplaceOpRecurrence, register_recurrence, rewrite
+from gdn_export.passes.attention import CachedAttentionOp
 from gdn_export.tiny import MODEL_VOCAB_SIZE, make_tiny_checkpoint
 
 MAX_SEQ_LEN = 32
@@ -36,6 +37,10 @@ def moe_checkpoint(tmp_path_factory, seed):
 
 def linear_attention_layers(model):
     return [module for module in model.modules() if isinstance(module, GatedDeltaNet)]
+
+
+def full_attention_layers(model):
+    return [module for module in model.modules() if isinstance(module, GatedAttention)]
 
 
 def random_tokens(length, generator):
@@ -80,6 +85,14 @@ def test_each_backend_gets_its_recurrence(checkpoint):
         layers = linear_attention_layers(model)
         assert len(layers) == 2
         assert all(type(layer.recurrence) is recurrence_class for layer in layers), backend
+        # The CPU backends also attend through gdn::cached_attention; the GPU ones keep the masked form.
+        attention_class = CachedAttentionOp if backend in ("portable", "xnnpack") else MaskedCacheAttention
+        assert all(type(layer.attend) is attention_class for layer in full_attention_layers(model)), backend
+
+
+def test_non_float32_caches_keep_the_masked_attention(checkpoint):
+    model = rewrite(load_qwen35(checkpoint, dtype=torch.bfloat16, max_seq_len=8), backend="xnnpack")
+    assert all(type(layer.attend) is MaskedCacheAttention for layer in full_attention_layers(model))
 
 
 def test_unknown_backend_is_rejected_with_the_valid_names(checkpoint):
@@ -111,6 +124,8 @@ def test_rewritten_model_exports_one_op_per_layer_for_any_length(checkpoint, moe
     targets = call_targets(program)
     assert targets.count(OPS[backend]) == len(linear_attention_layers(model))
     assert not any("gated_delta_rule" in str(t) and t != OPS[backend] for t in targets)
+    attention_ops = targets.count(torch.ops.gdn.cached_attention.default)
+    assert attention_ops == (len(full_attention_layers(model)) if backend != "cuda" else 0)
     # No per-token loop: the graph is the same size whatever the example length.
     assert len(call_targets(export(model, length=2))) == len(call_targets(export(model, length=9)))
 
@@ -171,7 +186,8 @@ def test_emitted_program_updates_state_and_caches_in_place(checkpoint, seed):
     for index, name in cache_values.items():
         operators = [op for op, _ in touching[index]]
         assert operators.count("aten::index_put_") == 1, (name, operators)
-        assert set(operators) <= {"aten::index_put_", "aten::bmm.out"}, (name, operators)
+        # Read where it lies by the attention op: no copy of a cache.
+        assert sorted(operators) == ["aten::index_put_", "gdn::cached_attention.out"], (name, operators)
 
     if runtime_ops_available():
         # With the C++ kernels built, run it: logits match eager call after call, which

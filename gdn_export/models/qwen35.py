@@ -13,7 +13,10 @@ uses), with the same numerics as transformers 5.23. The layers follow
   the per-token reference loop; ``gdn_export.passes`` swaps in a ``gdn`` op.
 * ``full_attention``: gated attention. q and an output gate come from one
   projection, q/k get RMSNorm and partial rotary embeddings, K/V go into a
-  static cache, and GQA reads the cache without repeating it.
+  static cache, and GQA reads the cache without repeating it. The attention
+  over the cache is the swappable ``attend`` submodule: here masked over the
+  whole cache; on CPU backends ``gdn_export.passes`` swaps in an op that reads
+  only the positions written so far.
 
 ``forward(tokens [1, T], input_pos [1])`` continues from the previous call:
 the caches are written at ``input_pos .. input_pos + T - 1`` with tensor ops
@@ -301,6 +304,24 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((rotated * cos + rotate_half(rotated) * sin, passed), dim=-1)
 
 
+class MaskedCacheAttention(nn.Module):
+    """Attention of the new tokens over the whole cache with a causal mask: plain tensor ops any backend takes."""
+
+    def forward(self, query, k_cache, v_cache, positions, mask):
+        """query [H, T, D], k_cache [Hkv, D, S], v_cache [Hkv, S, D], mask [T, S] -> [H, T, D]."""
+        num_heads, length, head_dim = query.shape
+        num_kv_heads = k_cache.shape[0]
+        # GQA without repeating the cache: each KV head attends for its group of
+        # query heads, stacked along the time axis.
+        group = num_heads // num_kv_heads
+        grouped_query = query.reshape(num_kv_heads, group * length, head_dim)
+        scores = torch.bmm(grouped_query, k_cache.to(query.dtype)) * head_dim**-0.5
+        scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))  # [Hkv, G*T, S]
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        # unflatten rather than reshape: export proves it valid for every T.
+        return torch.bmm(weights, v_cache.to(query.dtype)).unflatten(1, (group, length)).flatten(0, 1)
+
+
 class GatedAttention(nn.Module):
     def __init__(self, config: Qwen35Config, max_seq_len: int):
         super().__init__()
@@ -320,6 +341,8 @@ class GatedAttention(nn.Module):
         # no per-step permute or expand copy of a cache in the exported program.
         self.register_buffer("k_cache", torch.zeros(self.num_kv_heads, self.head_dim, max_seq_len), persistent=False)
         self.register_buffer("v_cache", torch.zeros(self.num_kv_heads, max_seq_len, self.head_dim), persistent=False)
+        # Swappable like GatedDeltaNet.recurrence: gdn_export.passes.rewrite may put an op here.
+        self.attend = MaskedCacheAttention()
 
     def forward(self, x, positions, cos, sin, mask):
         length = x.shape[1]
@@ -332,15 +355,7 @@ class GatedAttention(nn.Module):
         # index_put_ (not index_copy_): ExecuTorch's reinplace pass updates it in place.
         self.k_cache[:, :, positions] = key.transpose(1, 2).to(self.k_cache.dtype)
         self.v_cache[:, positions] = value.to(self.v_cache.dtype)
-        # GQA without repeating the cache: each KV head attends for its group of
-        # query heads, stacked along the time axis.
-        group = self.num_heads // self.num_kv_heads
-        grouped_query = query.reshape(self.num_kv_heads, group * length, self.head_dim)
-        scores = torch.bmm(grouped_query, self.k_cache.to(query.dtype)) * self.head_dim**-0.5
-        scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))  # [Hkv, G*T, S]
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        # unflatten rather than reshape: export proves it valid for every T.
-        attended = torch.bmm(weights, self.v_cache.to(query.dtype)).unflatten(1, (group, length)).flatten(0, 1)
+        attended = self.attend(query, self.k_cache, self.v_cache, positions, mask)  # [H, T, D]
         attended = attended.transpose(0, 1).reshape(1, length, -1)  # [1, T, H*D]
         return self.o_proj(attended * torch.sigmoid(gate.reshape(1, length, -1)))
 

@@ -6,12 +6,12 @@ Importing this package defines ``torch.ops.gdn.gated_delta_rule`` (and
 
 import warnings
 
-from gdn_export.ops import contract, fused, reference
+from gdn_export.ops import attention, contract, fused, reference
 from gdn_export.ops.reference import chunked_gated_delta_rule, recurrent_gated_delta_rule
 from runtime_ops import loader as _runtime_ops_loader
 
 __all__ = [
-    "contract", "fused", "reference", "chunked_gated_delta_rule", "recurrent_gated_delta_rule",
+    "attention", "contract", "fused", "reference", "chunked_gated_delta_rule", "recurrent_gated_delta_rule",
     "runtime_ops_available",
 ]
 

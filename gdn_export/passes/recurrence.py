@@ -11,7 +11,9 @@ place, so the exported program neither loops over tokens nor copies the state:
 * ``cuda``, ``metal``: ``gdn::fused_gated_delta_rule``, whose kernels also do
   the q/k/v split, L2 norm, head repeat and gating.
 
-A backend adds or overrides an entry with ``register_recurrence``.
+A backend adds or overrides an entry with ``register_recurrence``. On the CPU
+backends ``rewrite`` also gives the full-attention layers ``gdn::cached_attention``
+(see ``gdn_export.passes.attention``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 from torch import nn
 
 from gdn_export.models.qwen35 import GatedDeltaNet
+from gdn_export.passes.attention import swap_attention
 from gdn_export.ops.fused import gating, split_heads  # importing gdn_export.ops defines torch.ops.gdn
 
 
@@ -62,4 +65,4 @@ def rewrite(model: nn.Module, backend: str) -> nn.Module:
     for module in model.modules():
         if isinstance(module, GatedDeltaNet):
             module.recurrence = RECURRENCES[backend]()
-    return model
+    return swap_attention(model, backend)
