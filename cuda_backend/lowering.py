@@ -58,7 +58,10 @@ def lower_to_cuda(
     # The gdn_cuda ops update the state in place. Left whole, to_edge would wrap them in
     # auto_functionalized and AOTInductor would need a C++ fallback for them; decomposed
     # here, each becomes its Triton kernel launches, which AOTInductor compiles in.
-    programs = {name: ep.run_decompositions(_decompositions(), decompose_custom_triton_ops=True) for name, ep in programs.items()}
+    programs = {
+        name: ep.run_decompositions(cuda_decompositions(), decompose_custom_triton_ops=True)
+        for name, ep in programs.items()
+    }
     partitioners = {
         name: [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(name)])] for name in programs
     }
@@ -100,7 +103,8 @@ def depthwise_conv1d_as_products(input, weight, bias, stride, padding, dilation,
     return output if bias is None else output + bias[:, None]
 
 
-def _decompositions() -> dict:
+def cuda_decompositions() -> dict:
+    """The decomposition table of ``lower_to_cuda`` (with ``decompose_custom_triton_ops=True``)."""
     table = torch.export.default_decompositions()
     table[torch.ops.aten.convolution.default] = depthwise_conv1d_as_products
     return table

@@ -69,16 +69,36 @@ def _gate_strides(g: torch.Tensor) -> tuple:
     return tuple(g.stride()) if g.dim() == 4 else (*g.stride(), 0)
 
 
+# Programs the decode kernel should launch to keep every SM's memory pipe busy: the
+# kernel moves the state once (read + write) and is bound by how many bytes are in flight.
+DECODE_TARGET_PROGRAMS = 1024
+
+
 def _value_block(batch_heads: int, key_dim: int, value_dim: int) -> int:
-    # Enough programs to fill the SMs at small batch; wider tiles (longer rows) at large.
+    """Value-block width of the chunked state kernel: enough programs at small batch, wider tiles at large."""
     block = 64 if batch_heads >= 256 else 32
     if key_dim == 256:
         block //= 2
     return min(block, value_dim)
 
 
+def _decode_launch(batch_heads: int, key_dim: int, value_dim: int) -> tuple:
+    """(value block, warps) of the per-token kernel.
+
+    The widest block (fewest, longest state rows per program) that still gives
+    about DECODE_TARGET_PROGRAMS programs, down to 16 columns; warps keep 32 to 64
+    state elements per thread (4 warps at most), so narrow tiles leave no lane idle.
+    """
+    block = 64 if key_dim < 256 else 32
+    while block > 16 and batch_heads * triton.cdiv(value_dim, block) < DECODE_TARGET_PROGRAMS:
+        block //= 2
+    block = min(block, value_dim)
+    warps = max(1, min(4, key_dim * block // (32 * 32)))
+    return block, warps
+
+
 def run_recurrent(query, key, value, g, beta, state_in, state_out, output, *, scale, use_qk_l2norm,
-                  a_log=None, dt_bias=None, value_block=None, num_warps=4):
+                  a_log=None, dt_bias=None, value_block=None, num_warps=None):
     """Per-token kernel. With ``a_log``/``dt_bias`` given, ``g``/``beta`` are the raw a/b.
 
     ``value_block``/``num_warps`` override the launch shape (``gdn-bench cuda`` sweeps them).
@@ -86,7 +106,8 @@ def run_recurrent(query, key, value, g, beta, state_in, state_out, output, *, sc
     batch, length, num_k_heads, key_dim = query.shape
     num_v_heads, value_dim = value.shape[2], value.shape[3]
     raw_gates = a_log is not None
-    block = value_block or _value_block(batch * num_v_heads, key_dim, value_dim)
+    block, warps = _decode_launch(batch * num_v_heads, key_dim, value_dim)
+    block, warps = value_block or block, num_warps or warps
     grid = (batch * num_v_heads, triton.cdiv(value_dim, block))
     wrap_triton(recurrent_gated_delta_rule_kernel)[grid](
         query, key, value, g, beta, a_log if raw_gates else g, dt_bias if raw_gates else g,
@@ -96,7 +117,7 @@ def run_recurrent(query, key, value, g, beta, state_in, state_out, output, *, sc
         *state_in.stride(), *output.stride(),
         NUM_V_HEADS=num_v_heads, GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BV=block,
         GATE_PER_CHANNEL=g.dim() == 4, RAW_GATES=raw_gates, USE_QK_L2NORM=use_qk_l2norm,
-        num_warps=num_warps, num_stages=1,
+        num_warps=warps, num_stages=1,
     )
 
 

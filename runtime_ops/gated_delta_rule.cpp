@@ -14,6 +14,7 @@
 #include "gated_delta_rule.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -36,7 +37,31 @@ typedef int32_t IntVec __attribute__((vector_size(kLanes * sizeof(int32_t))));
 
 inline Vec load(const float* p) { return *reinterpret_cast<const UnalignedVec*>(p); }
 inline void store(float* p, Vec v) { *reinterpret_cast<UnalignedVec*>(p) = v; }
-inline Vec broadcast(float x) { return Vec{} + x; }
+// x - 0 is x for every float (x + 0 is not: -0 + 0 = +0), so the compiler
+// broadcasts straight from memory.
+inline Vec broadcast(float x) { return x - Vec{}; }
+
+inline float sum(Vec v) {
+  float total = 0.0f;
+  for (int l = 0; l < kLanes; ++l) total += v[l];
+  return total;
+}
+
+// sum_i x_i y_i, kLanes partial sums at a time.
+inline float dot(const float* x, const float* y, int64_t n) {
+  Vec partial{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) partial += load(x + i) * load(y + i);
+  float total = sum(partial);
+  for (; i < n; ++i) total += x[i] * y[i];
+  return total;
+}
+
+inline IntVec lane_indices() {
+  IntVec indices;
+  for (int l = 0; l < kLanes; ++l) indices[l] = l;
+  return indices;
+}
 
 inline int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 
@@ -126,6 +151,10 @@ void load_row(const InputView& view, int64_t offset, int64_t stride, int64_t n, 
   switch (view.type) {
     case ElementType::Float32: {
       const float* src = static_cast<const float*>(view.data) + offset;
+      if (stride == 1) {
+        std::memcpy(dst, src, n * sizeof(float));
+        break;
+      }
       for (int64_t i = 0; i < n; ++i) dst[i] = src[i * stride];
       break;
     }
@@ -152,6 +181,10 @@ void store_row(ElementType type, void* data, int64_t offset, int64_t stride, int
   switch (type) {
     case ElementType::Float32: {
       float* dst = static_cast<float*>(data) + offset;
+      if (stride == 1) {
+        std::memcpy(dst, src, n * sizeof(float));
+        break;
+      }
       for (int64_t i = 0; i < n; ++i) dst[i * stride] = src[i];
       break;
     }
@@ -168,19 +201,52 @@ void store_row(ElementType type, void* data, int64_t offset, int64_t stride, int
   }
 }
 
-// ---- GEMM: C[m x n] (+)= A[m x k] B[k x n], row major, n a multiple of kLanes ----
+// ---- GEMM: C (+)= A B, row major ----
+//
+// A tile of up to kTileRows x kTileVectors vectors of C stays in registers
+// (AVX-512: 24 accumulators of 32 registers, AVX2: 12 of 16). Each step along
+// k loads one row of the B panel into registers and broadcasts one element of
+// A per row, so a step costs kTileVectors + kTileRows loads for
+// kTileRows * kTileVectors FMAs and the loop runs at the FMA units' rate.
+// Column counts are multiples of kLanes: the working buffers are padded.
+constexpr int kTileRows = 6;
+constexpr int kTileVectors = kLanes == 16 ? 4 : 2;
+
+// Pins v to a register. GCC otherwise folds the load of a B row into every
+// x86 FMA that uses it: kTileRows loads per vector instead of one, and the
+// tile becomes bound by loads.
+inline void keep_in_register(Vec& v) {
+#if defined(__x86_64__) || defined(__i386__)
+  asm("" : "+v"(v));
+#else
+  (void)v;
+#endif
+}
+
+// What a GEMM adds to: zero, or C itself with row r first scaled by
+// row_scale[r] when row_scale is given (the state's decay, folded into the
+// product that updates the state).
+struct GemmStart {
+  bool accumulate = false;
+  const float* row_scale = nullptr;
+};
 
 template <int kRows, int kVectors>
-inline void gemm_tile(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
-                      bool accumulate) {
+inline void gemm_tile(int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc,
+                      GemmStart start) {
   Vec acc[kRows][kVectors];
-  for (int r = 0; r < kRows; ++r)
-    for (int v = 0; v < kVectors; ++v) acc[r][v] = accumulate ? load(c + r * ldc + v * kLanes) : Vec{};
-  for (int64_t p = 0; p < k; ++p) {
+  for (int r = 0; r < kRows; ++r) {
+    const Vec scale = broadcast(start.row_scale ? start.row_scale[r] : 1.0f);
+    for (int v = 0; v < kVectors; ++v) acc[r][v] = start.accumulate ? load(c + r * ldc + v * kLanes) * scale : Vec{};
+  }
+  for (int64_t p = 0; p < depth; ++p) {
     Vec row[kVectors];
-    for (int v = 0; v < kVectors; ++v) row[v] = load(b + p * ldb + v * kLanes);
+    for (int v = 0; v < kVectors; ++v) {
+      row[v] = load(b + p * ldb + v * kLanes);
+      keep_in_register(row[v]);
+    }
     for (int r = 0; r < kRows; ++r) {
-      Vec scalar = broadcast(a[r * lda + p]);
+      const Vec scalar = broadcast(a[r * lda + p]);
       for (int v = 0; v < kVectors; ++v) acc[r][v] += scalar * row[v];
     }
   }
@@ -188,23 +254,51 @@ inline void gemm_tile(int64_t k, const float* a, int64_t lda, const float* b, in
     for (int v = 0; v < kVectors; ++v) store(c + r * ldc + v * kLanes, acc[r][v]);
 }
 
-template <int kVectors>
-void gemm_columns(int64_t m, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-                  int64_t ldc, bool accumulate) {
-  constexpr int kRows = 4;
-  int64_t i = 0;
-  for (; i + kRows <= m; i += kRows)
-    gemm_tile<kRows, kVectors>(k, a + i * lda, lda, b, ldb, c + i * ldc, ldc, accumulate);
-  for (; i < m; ++i) gemm_tile<1, kVectors>(k, a + i * lda, lda, b, ldb, c + i * ldc, ldc, accumulate);
+// A tile of rows x vectors (at most kRows x kVectors), with the sizes fixed at
+// compile time so the accumulators can live in registers.
+template <int kRows, int kVectors>
+void gemm_block(int rows, int vectors, int64_t depth, const float* a, int64_t lda, const float* b, int64_t ldb,
+                float* c, int64_t ldc, GemmStart start) {
+  if constexpr (kRows > 1) {
+    if (rows < kRows) return gemm_block<kRows - 1, kVectors>(rows, vectors, depth, a, lda, b, ldb, c, ldc, start);
+  }
+  if constexpr (kVectors > 1) {
+    if (vectors < kVectors) return gemm_block<kRows, kVectors - 1>(rows, vectors, depth, a, lda, b, ldb, c, ldc, start);
+  }
+  gemm_tile<kRows, kVectors>(depth, a, lda, b, ldb, c, ldc, start);
 }
 
+// Which part of a GEMM is skipped for triangular operands.
+enum class Triangle {
+  None,
+  Output,  // only C[i][j], j <= i, is wanted: tiles wholly above the diagonal are skipped
+  Left,    // A[i][p] = 0 for p > i: a tile stops at the depth of its last row
+};
+
+// C[m x n] (+)= A[m x k] B[k x n]. Column panels outside, row tiles inside:
+// a k x (kTileVectors * kLanes) panel of B serves every row tile from cache.
 void gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb, float* c,
-          int64_t ldc, bool accumulate) {
-  constexpr int kWide = 64 / kLanes;  // 64 columns per tile: 4 AVX-512 registers per row
-  int64_t j = 0;
-  for (; j + kWide * kLanes <= n; j += kWide * kLanes)
-    gemm_columns<kWide>(m, k, a, lda, b + j, ldb, c + j, ldc, accumulate);
-  for (; j < n; j += kLanes) gemm_columns<1>(m, k, a, lda, b + j, ldb, c + j, ldc, accumulate);
+          int64_t ldc, GemmStart start, Triangle triangle = Triangle::None) {
+  constexpr int64_t kPanel = kTileVectors * kLanes;
+  for (int64_t j = 0; j < n; j += kPanel) {
+    for (int64_t i = 0; i < m; i += kTileRows) {
+      const int64_t rows = std::min<int64_t>(kTileRows, m - i);
+      int64_t columns = std::min(kPanel, n - j);
+      if (triangle == Triangle::Output) columns = std::min(columns, round_up(i + rows, kLanes) - j);
+      if (columns <= 0) continue;
+      const int64_t depth = triangle == Triangle::Left ? std::min(k, i + rows) : k;
+      GemmStart tile_start = start;
+      if (start.row_scale) tile_start.row_scale += i;
+      gemm_block<kTileRows, kTileVectors>(int(rows), int(columns / kLanes), depth, a + i * lda, lda, b + j, ldb,
+                                          c + i * ldc + j, ldc, tile_start);
+    }
+  }
+}
+
+// dst[c][r] = src[r][c] for r < rows, c < columns.
+void transpose(int64_t rows, int64_t columns, const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+  for (int64_t c = 0; c < columns; ++c)
+    for (int64_t r = 0; r < rows; ++r) dst[c * dst_stride + r] = src[r * src_stride + c];
 }
 
 // ---- per-token inputs of one head ----
@@ -225,13 +319,8 @@ void load_query_key(const GatedDeltaRuleProblem& p, const HeadIndex& head, int64
   if (p.use_qk_l2norm) {
     // x / sqrt(sum(x^2) + eps), as the reference's l2_normalize.
     constexpr float kEps = 1e-6f;
-    float query_sq = 0.0f, key_sq = 0.0f;
-    for (int64_t c = 0; c < dk; ++c) {
-      query_sq += query[c] * query[c];
-      key_sq += key[c] * key[c];
-    }
-    query_scale /= std::sqrt(query_sq + kEps);
-    const float key_scale = 1.0f / std::sqrt(key_sq + kEps);
+    query_scale /= std::sqrt(dot(query, query, dk) + kEps);
+    const float key_scale = 1.0f / std::sqrt(dot(key, key, dk) + kEps);
     for (int64_t c = 0; c < dk; ++c) key[c] *= key_scale;
   }
   for (int64_t c = 0; c < dk; ++c) query[c] *= query_scale;
@@ -242,14 +331,18 @@ void load_value(const GatedDeltaRuleProblem& p, const HeadIndex& head, int64_t t
            p.value.strides[3], p.value_dim, value);
 }
 
-// Log gate of token t: Dk channels (KDA) or the head's scalar broadcast.
-void load_gate(const GatedDeltaRuleProblem& p, const HeadIndex& head, int64_t t, float* gate) {
-  const int64_t offset = head.batch * p.g.strides[0] + t * p.g.strides[1] + head.value_head * p.g.strides[2];
-  if (p.per_channel_gate) {
-    load_row(p.g, offset, p.g.strides[3], p.key_dim, gate);
-  } else {
-    std::fill(gate, gate + p.key_dim, load_scalar(p.g, offset));
-  }
+int64_t gate_offset(const GatedDeltaRuleProblem& p, const HeadIndex& head, int64_t t) {
+  return head.batch * p.g.strides[0] + t * p.g.strides[1] + head.value_head * p.g.strides[2];
+}
+
+// The log gate of token t: the head's scalar (GDA) ...
+float load_scalar_gate(const GatedDeltaRuleProblem& p, const HeadIndex& head, int64_t t) {
+  return load_scalar(p.g, gate_offset(p, head, t));
+}
+
+// ... or its Dk channels (KDA).
+void load_channel_gates(const GatedDeltaRuleProblem& p, const HeadIndex& head, int64_t t, float* gate) {
+  load_row(p.g, gate_offset(p, head, t), p.g.strides[3], p.key_dim, gate);
 }
 
 float load_beta(const GatedDeltaRuleProblem& p, const HeadIndex& head, int64_t t) {
@@ -260,6 +353,28 @@ void store_output(const GatedDeltaRuleProblem& p, const HeadIndex& head, int64_t
   store_row(p.value.type, p.output,
             head.batch * p.output_strides[0] + t * p.output_strides[1] + head.value_head * p.output_strides[2],
             p.output_strides[3], p.value_dim, row);
+}
+
+// Asks for the cache lines of a contiguous row ahead of its use. Always
+// inlined: GCC drops calls to a local function that only prefetches.
+__attribute__((always_inline)) inline void prefetch_row(const InputView& view, int64_t offset, int64_t stride,
+                                                        int64_t n) {
+  if (stride != 1) return;
+  const int64_t bytes = n * (view.type == ElementType::Float32 ? 4 : 2);
+  const char* begin = static_cast<const char*>(view.data) + offset * (view.type == ElementType::Float32 ? 4 : 2);
+  for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(begin + byte);
+}
+
+// The query, key and value rows of token t. A head's rows are far apart in
+// memory, a cache miss each: asking a few tokens ahead overlaps the misses.
+__attribute__((always_inline)) inline void prefetch_inputs(const GatedDeltaRuleProblem& p, const HeadIndex& head,
+                                                           int64_t t) {
+  prefetch_row(p.query, head.batch * p.query.strides[0] + t * p.query.strides[1] + head.key_head * p.query.strides[2],
+               p.query.strides[3], p.key_dim);
+  prefetch_row(p.key, head.batch * p.key.strides[0] + t * p.key.strides[1] + head.key_head * p.key.strides[2],
+               p.key.strides[3], p.key_dim);
+  prefetch_row(p.value, head.batch * p.value.strides[0] + t * p.value.strides[1] + head.value_head * p.value.strides[2],
+               p.value.strides[3], p.value_dim);
 }
 
 const float* initial_state_of(const GatedDeltaRuleProblem& p, const HeadIndex& head) {
@@ -291,14 +406,17 @@ void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::
   for (int64_t t = 0; t < p.length; ++t) {
     load_query_key(p, head, t, query, key);
     load_value(p, head, t, value);
-    load_gate(p, head, t, decay);
-    for (int64_t c = 0; c < dk; ++c) decay[c] = std::exp(decay[c]);
+    if (p.per_channel_gate) {
+      load_channel_gates(p, head, t, decay);
+      for (int64_t c = 0; c < dk; ++c) decay[c] = std::exp(decay[c]);
+    } else {
+      std::fill(decay, decay + dk, std::exp(load_scalar_gate(p, head, t)));
+    }
     const float beta = load_beta(p, head, t);
 
     // Pass 1 reads the state: with S' = diag(decay) S, get S'^T k and S'^T q.
     std::fill(state_key, state_key + dv, 0.0f);
     std::fill(state_query, state_query + dv, 0.0f);
-    float query_key = 0.0f;
     for (int64_t c = 0; c < dk; ++c) {
       const float* __restrict row = source + c * source_row_stride;
       const float key_weight = key[c] * decay[c], query_weight = query[c] * decay[c];
@@ -308,9 +426,9 @@ void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::
         sk[j] += key_weight * row[j];
         sq[j] += query_weight * row[j];
       }
-      query_key += query[c] * key[c];
     }
     // u = beta (v - S'^T k); o = (S' + k u^T)^T q = S'^T q + (q.k) u.
+    const float query_key = dot(query, key, dk);
     for (int64_t j = 0; j < dv; ++j) {
       update[j] = beta * (value[j] - state_key[j]);
       output[j] = state_query[j] + query_key * update[j];
@@ -333,172 +451,217 @@ void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::
 }
 
 // ---- chunked (WY) form ----
+//
+// With G_t the log gate summed from the chunk start up to t (per key channel),
+// S_0 the state at the chunk start, K~_t = k_t exp(G_t), Q~_t = q_t exp(G_t):
+//   M[t, s] = K~_t . (k_s exp(-G_s)) for s < t,  A[t, s] = Q~_t . (k_s exp(-G_s)) for s <= t,
+//   (I + diag(beta) M) U = diag(beta) (V - K~ S_0),   O = Q~ S_0 + A U,
+//   S_C = exp(G_C) S_0 + sum_s (k_s exp(G_C - G_s)) u_s^T.
+// The products are GEMMs on the tiles above; the exponents are taken as
+// differences G_t - G_s <= 0, so nothing overflows however strong the decay.
+
+// Tokens ahead whose input rows the packing loop prefetches.
+constexpr int64_t kPrefetchDistance = 4;
+
+// Rows of the triangular solve done at a time: the rows above a block enter
+// through one GEMM, only the block's own triangle is substituted row by row.
+constexpr int64_t kSolveBlock = 16;
 
 // Per-thread working buffers of the chunked form, padded for the GEMM tiles.
 struct ChunkBuffers {
   int64_t chunk, key_pad, value_pad;
   std::vector<float> storage;
-  float *state, *keys, *queries, *decayed, *keys_t, *values, *gates, *betas, *projected, *scores, *system, *updates,
-      *row;
+  float *state, *queries, *keys, *decayed, *keys_t, *values, *gates, *betas, *last_decay, *projected, *scores,
+      *updates;
 
   ChunkBuffers(int64_t chunk_size, int64_t key_dim, int64_t value_dim)
       : chunk(chunk_size), key_pad(round_up(key_dim, kPad)), value_pad(round_up(value_dim, kPad)) {
     const int64_t sizes[] = {
-        key_dim * value_pad,      // state [Dk, Dv']
-        chunk * key_pad,          // keys [C, Dk']
-        chunk * key_pad,          // queries [C, Dk']
-        2 * chunk * key_pad,      // decayed keys; queries [2C, Dk']
-        key_pad * chunk,          // keys transposed [Dk', C]
-        chunk * value_pad,        // values [C, Dv']
-        chunk * key_pad,          // cumulative gates [C, Dk']
-        chunk,                    // betas
-        2 * chunk * value_pad,    // decayed keys/queries times the state [2C, Dv']
-        2 * chunk * chunk,        // key-key and query-key scores [2C, C]
-        chunk * chunk,            // strictly lower system matrix [C, C]
-        chunk * value_pad,        // updates U [C, Dv']
-        std::max(key_pad, value_pad),
+        key_dim * value_pad,    // state [Dk, Dv'], when final_state's rows cannot hold it
+        chunk * key_pad,        // queries [C, Dk'], normalized and scaled
+        chunk * key_pad,        // keys [C, Dk'], normalized
+        2 * chunk * key_pad,    // decayed keys K~, then queries Q~ [2C, Dk']
+        key_pad * chunk,        // keys transposed [Dk', C] (KDA: decayed to the chunk end)
+        chunk * value_pad,      // values [C, Dv']
+        chunk * key_pad,        // cumulative log gates G: [C, Dk'] (KDA) or [C] (GDA)
+        chunk,                  // betas
+        key_pad,                // exp(G_C): the state's decay over the chunk
+        2 * chunk * value_pad,  // K~ S_0, then Q~ S_0 [2C, Dv']
+        2 * chunk * chunk,      // system matrix -diag(beta) M, then A [2C, C]
+        chunk * value_pad,      // updates U [C, Dv']
     };
     int64_t total = 0;
     for (int64_t size : sizes) total += size;
     storage.assign(total, 0.0f);
-    float** slots[] = {&state, &keys, &queries, &decayed, &keys_t, &values, &gates,
-                       &betas, &projected, &scores, &system, &updates, &row};
+    float** slots[] = {&state, &queries, &keys, &decayed, &keys_t, &values, &gates,
+                       &betas, &last_decay, &projected, &scores, &updates};
     float* cursor = storage.data();
-    for (int i = 0; i < 13; ++i) {
+    for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); ++i) {
       *slots[i] = cursor;
       cursor += sizes[i];
     }
   }
 };
 
+// Scores of one chunk, GDA: one decay per token, so M and A are the plain
+// products K K^T and Q K^T (lower triangles only) times exp(G_t - G_s).
+void scalar_gate_scores(int64_t length, ChunkBuffers& buf, float* system, float* query_scores) {
+  const int64_t kp = buf.key_pad, chunk = buf.chunk, length_pad = round_up(length, kPad);
+  transpose(length, kp, buf.keys, kp, buf.keys_t, chunk);
+  for (int64_t c = 0; c < kp; ++c) std::fill(buf.keys_t + c * chunk + length, buf.keys_t + c * chunk + length_pad, 0.0f);
+  gemm(length, length_pad, kp, buf.keys, kp, buf.keys_t, chunk, system, chunk, {}, Triangle::Output);
+  gemm(length, length_pad, kp, buf.queries, kp, buf.keys_t, chunk, query_scores, chunk, {}, Triangle::Output);
+  const IntVec lanes = lane_indices();
+  for (int64_t t = 0; t < length; ++t) {
+    const Vec gate = broadcast(buf.gates[t]), negative_beta = broadcast(-buf.betas[t]);
+    for (int64_t s = 0; s < length_pad; s += kLanes) {
+      float* key_row = system + t * chunk + s;
+      float* query_row = query_scores + t * chunk + s;
+      if (s > t) {  // above the diagonal (this tile was skipped by the GEMM)
+        store(key_row, Vec{});
+        store(query_row, Vec{});
+        continue;
+      }
+      const IntVec index = lanes + int32_t(s);
+      const Vec decay = exp_vec(gate - load(buf.gates + s));
+      store(key_row, index < int32_t(t) ? negative_beta * decay * load(key_row) : Vec{});
+      store(query_row, index <= int32_t(t) ? decay * load(query_row) : Vec{});
+    }
+  }
+}
+
+// Scores of one chunk, KDA: the decay differs per channel, so every pair
+// (t, s <= t) weighs the channels by exp(G_t - G_s) itself.
+void channel_gate_scores(int64_t length, ChunkBuffers& buf, float* system, float* query_scores) {
+  const int64_t kp = buf.key_pad, chunk = buf.chunk, length_pad = round_up(length, kPad);
+  for (int64_t t = 0; t < length; ++t) {
+    const float* gate_t = buf.gates + t * kp;
+    for (int64_t s = 0; s <= t; ++s) {
+      const float* gate_s = buf.gates + s * kp;
+      Vec key_dot{}, query_dot{};
+      for (int64_t c = 0; c < kp; c += kLanes) {
+        const Vec weighted = load(buf.keys + s * kp + c) * exp_vec(load(gate_t + c) - load(gate_s + c));
+        key_dot += load(buf.keys + t * kp + c) * weighted;
+        query_dot += load(buf.queries + t * kp + c) * weighted;
+      }
+      system[t * chunk + s] = s < t ? -buf.betas[t] * sum(key_dot) : 0.0f;
+      query_scores[t * chunk + s] = sum(query_dot);
+    }
+    std::fill(system + t * chunk + t + 1, system + t * chunk + length_pad, 0.0f);
+    std::fill(query_scores + t * chunk + t + 1, query_scores + t * chunk + length_pad, 0.0f);
+  }
+}
+
+// U = R + W U with W = -diag(beta) M strictly lower and R in updates on entry.
+void solve_updates(int64_t length, const float* system, ChunkBuffers& buf) {
+  const int64_t vp = buf.value_pad, chunk = buf.chunk;
+  for (int64_t block = 0; block < length; block += kSolveBlock) {
+    const int64_t block_end = std::min(block + kSolveBlock, length);
+    if (block > 0)
+      gemm(block_end - block, vp, block, system + block * chunk, chunk, buf.updates, vp, buf.updates + block * vp, vp,
+           {true});
+    for (int64_t t = block + 1; t < block_end; ++t) {
+      float* update = buf.updates + t * vp;
+      for (int64_t s = block; s < t; ++s) {
+        const Vec weight = broadcast(system[t * chunk + s]);
+        const float* solved = buf.updates + s * vp;
+        for (int64_t j = 0; j < vp; j += kLanes) store(update + j, load(update + j) + weight * load(solved + j));
+      }
+    }
+  }
+}
+
 void chunked_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, ChunkBuffers& buf) {
   const int64_t dk = p.key_dim, dv = p.value_dim, kp = buf.key_pad, vp = buf.value_pad, chunk = buf.chunk;
+  const bool per_channel = p.per_channel_gate;
+  // The state is worked on in final_state's memory when its rows need no
+  // padding (saving a copy in and out), else in a padded buffer.
   const float* initial = initial_state_of(p, head);
-  for (int64_t c = 0; c < dk; ++c)
-    std::memcpy(buf.state + c * vp, initial + c * p.initial_state_strides[2], dv * sizeof(float));
+  float* final_state = final_state_of(p, head);
+  const bool in_final = dv == vp;
+  float* state = in_final ? final_state : buf.state;
+  const int64_t state_stride = in_final ? p.final_state_strides[2] : vp;
+  if (state != initial) {
+    for (int64_t c = 0; c < dk; ++c)
+      std::memcpy(state + c * state_stride, initial + c * p.initial_state_strides[2], dv * sizeof(float));
+  }
 
+  float* system = buf.scores;                 // -diag(beta) M [C, C], row stride chunk
+  float* query_scores = buf.scores + chunk * chunk;  // A
   for (int64_t start = 0; start < p.length; start += chunk) {
     const int64_t length = std::min(chunk, p.length - start);
-    const int64_t length_pad = round_up(length, kPad);
 
-    // Pack the chunk: rows of zero-padded fp32 keys, queries, values, cumulative gates.
+    // Pack the chunk: zero-padded fp32 rows of queries, keys, values, and cumulative gates.
     for (int64_t t = 0; t < length; ++t) {
-      float* key = buf.keys + t * kp;
-      load_query_key(p, head, start + t, buf.queries + t * kp, key);
+      if (start + t + kPrefetchDistance < p.length) prefetch_inputs(p, head, start + t + kPrefetchDistance);
+      load_query_key(p, head, start + t, buf.queries + t * kp, buf.keys + t * kp);
       load_value(p, head, start + t, buf.values + t * vp);
-      float* gate = buf.gates + t * kp;
-      load_gate(p, head, start + t, gate);
-      if (t > 0)
-        for (int64_t c = 0; c < dk; ++c) gate[c] += gate[c - kp];
       buf.betas[t] = load_beta(p, head, start + t);
+      if (per_channel) {
+        float* gate = buf.gates + t * kp;
+        load_channel_gates(p, head, start + t, gate);
+        if (t > 0)
+          for (int64_t c = 0; c < dk; ++c) gate[c] += gate[c - kp];
+      } else {
+        buf.gates[t] = load_scalar_gate(p, head, start + t) + (t > 0 ? buf.gates[t - 1] : 0.0f);
+      }
     }
-    // Decayed keys and queries k_t exp(G_t), q_t exp(G_t): stacked so one GEMM
-    // gives both against the chunk's initial state.
+    // K~ and Q~ stacked, so that one GEMM gives both against S_0.
     for (int64_t t = 0; t < length; ++t) {
-      const float* gate = buf.gates + t * kp;
+      const Vec scalar_decay = broadcast(per_channel ? 0.0f : std::exp(buf.gates[t]));
       for (int64_t c = 0; c < kp; c += kLanes) {
-        Vec decay = exp_vec(load(gate + c));
+        const Vec decay = per_channel ? exp_vec(load(buf.gates + t * kp + c)) : scalar_decay;
         store(buf.decayed + t * kp + c, load(buf.keys + t * kp + c) * decay);
         store(buf.decayed + (length + t) * kp + c, load(buf.queries + t * kp + c) * decay);
       }
     }
-    gemm(2 * length, vp, dk, buf.decayed, kp, buf.state, vp, buf.projected, vp, false);
-    float* key_state = buf.projected;                 // rows t: (K~ S_0)_t
-    float* query_state = buf.projected + length * vp;  // rows t: (Q~ S_0)_t
+    gemm(2 * length, vp, dk, buf.decayed, kp, state, state_stride, buf.projected, vp, {});
+    const float* key_state = buf.projected;           // K~ S_0
+    float* query_state = buf.projected + length * vp;  // Q~ S_0
 
-    // Scores within the chunk: M[t, s] = sum_c k_t,c k_s,c exp(G_t,c - G_s,c)
-    // (s < t) and A[t, s] likewise with q_t (s <= t).
-    float* key_scores = buf.scores;                   // [C, C], row stride chunk
-    float* query_scores = buf.scores + chunk * chunk;
-    if (p.per_channel_gate) {
-      for (int64_t t = 0; t < length; ++t) {
-        const float* gate_t = buf.gates + t * kp;
-        for (int64_t s = 0; s <= t; ++s) {
-          const float* gate_s = buf.gates + s * kp;
-          Vec key_dot{}, query_dot{};
-          for (int64_t c = 0; c < kp; c += kLanes) {
-            Vec weighted = load(buf.keys + s * kp + c) * exp_vec(load(gate_t + c) - load(gate_s + c));
-            key_dot += load(buf.keys + t * kp + c) * weighted;
-            query_dot += load(buf.queries + t * kp + c) * weighted;
-          }
-          float key_sum = 0.0f, query_sum = 0.0f;
-          for (int l = 0; l < kLanes; ++l) {
-            key_sum += key_dot[l];
-            query_sum += query_dot[l];
-          }
-          key_scores[t * chunk + s] = key_sum;
-          query_scores[t * chunk + s] = query_sum;
-        }
-      }
+    if (per_channel) {
+      channel_gate_scores(length, buf, system, query_scores);
     } else {
-      // One decay per token: plain products K K^T and Q K^T, then exp(gamma_t - gamma_s).
-      std::fill(buf.keys_t, buf.keys_t + kp * chunk, 0.0f);
-      for (int64_t t = 0; t < length; ++t)
-        for (int64_t c = 0; c < dk; ++c) buf.keys_t[c * chunk + t] = buf.keys[t * kp + c];
-      gemm(length, length_pad, dk, buf.keys, kp, buf.keys_t, chunk, key_scores, chunk, false);
-      gemm(length, length_pad, dk, buf.queries, kp, buf.keys_t, chunk, query_scores, chunk, false);
-      for (int64_t t = 0; t < length; ++t) {
-        const float gamma_t = buf.gates[t * kp];
-        for (int64_t s = 0; s <= t; ++s) {
-          const float decay = std::exp(gamma_t - buf.gates[s * kp]);
-          key_scores[t * chunk + s] *= decay;
-          query_scores[t * chunk + s] *= decay;
-        }
-      }
+      scalar_gate_scores(length, buf, system, query_scores);
     }
-    // Zero A above the diagonal so O = Q~ S_0 + A U is one GEMM.
-    for (int64_t t = 0; t < length; ++t)
-      std::fill(query_scores + t * chunk + t + 1, query_scores + t * chunk + length_pad, 0.0f);
 
-    // Solve (I + diag(beta) M) U = diag(beta) (V - K~ S_0) by forward substitution,
-    // four independent vector accumulators at a time so the FMA chains overlap.
+    // (I + diag(beta) M) U = diag(beta) (V - K~ S_0).
     for (int64_t t = 0; t < length; ++t) {
-      const float beta = buf.betas[t];
-      float* update = buf.updates + t * vp;
-      const float* value = buf.values + t * vp;
-      const float* predicted = key_state + t * vp;
-      for (int64_t j = 0; j < vp; j += kLanes) store(update + j, broadcast(beta) * (load(value + j) - load(predicted + j)));
-      int64_t j = 0;
-      for (; j + 4 * kLanes <= vp; j += 4 * kLanes) {
-        Vec acc[4];
-        for (int v = 0; v < 4; ++v) acc[v] = load(update + j + v * kLanes);
-        for (int64_t s = 0; s < t; ++s) {
-          const Vec weight = broadcast(beta * key_scores[t * chunk + s]);
-          const float* row = buf.updates + s * vp + j;
-          for (int v = 0; v < 4; ++v) acc[v] -= weight * load(row + v * kLanes);
-        }
-        for (int v = 0; v < 4; ++v) store(update + j + v * kLanes, acc[v]);
-      }
-      for (; j < vp; j += kLanes) {
-        Vec acc = load(update + j);
-        for (int64_t s = 0; s < t; ++s)
-          acc -= broadcast(beta * key_scores[t * chunk + s]) * load(buf.updates + s * vp + j);
-        store(update + j, acc);
-      }
+      const Vec beta = broadcast(buf.betas[t]);
+      for (int64_t j = 0; j < vp; j += kLanes)
+        store(buf.updates + t * vp + j, beta * (load(buf.values + t * vp + j) - load(key_state + t * vp + j)));
     }
+    solve_updates(length, system, buf);
+
     // O = Q~ S_0 + A U.
-    gemm(length, vp, length, query_scores, chunk, buf.updates, vp, query_state, vp, true);
+    gemm(length, vp, length, query_scores, chunk, buf.updates, vp, query_state, vp, {true}, Triangle::Left);
     for (int64_t t = 0; t < length; ++t) store_output(p, head, start + t, query_state + t * vp);
 
-    // S_C = exp(G_C) S_0 + sum_s (k_s exp(G_C - G_s)) u_s^T.
-    const float* last_gate = buf.gates + (length - 1) * kp;
-    std::fill(buf.keys_t, buf.keys_t + kp * chunk, 0.0f);
-    for (int64_t s = 0; s < length; ++s) {
-      for (int64_t c = 0; c < kp; c += kLanes)
-        store(buf.row + c, load(buf.keys + s * kp + c) * exp_vec(load(last_gate + c) - load(buf.gates + s * kp + c)));
-      for (int64_t c = 0; c < dk; ++c) buf.keys_t[c * chunk + s] = buf.row[c];
+    // S_C = exp(G_C) S_0 + K'^T U, K'_s = k_s exp(G_C - G_s). GDA keeps K^T
+    // from the scores and puts the per-token factor on U's rows instead.
+    if (per_channel) {
+      const float* last_gate = buf.gates + (length - 1) * kp;
+      for (int64_t s = 0; s < length; ++s)
+        for (int64_t c = 0; c < kp; c += kLanes)
+          store(buf.decayed + s * kp + c,
+                load(buf.keys + s * kp + c) * exp_vec(load(last_gate + c) - load(buf.gates + s * kp + c)));
+      transpose(length, dk, buf.decayed, kp, buf.keys_t, chunk);
+      for (int64_t c = 0; c < dk; ++c) buf.last_decay[c] = std::exp(last_gate[c]);
+    } else {
+      const float last_gate = buf.gates[length - 1];
+      for (int64_t s = 0; s < length; ++s) {
+        const Vec decay = broadcast(std::exp(last_gate - buf.gates[s]));
+        for (int64_t j = 0; j < vp; j += kLanes) store(buf.updates + s * vp + j, load(buf.updates + s * vp + j) * decay);
+      }
+      std::fill(buf.last_decay, buf.last_decay + dk, std::exp(last_gate));
     }
-    for (int64_t c = 0; c < dk; ++c) {
-      const float decay = std::exp(last_gate[c]);
-      float* state_row = buf.state + c * vp;
-      for (int64_t j = 0; j < vp; ++j) state_row[j] *= decay;
-    }
-    gemm(dk, vp, length, buf.keys_t, chunk, buf.updates, vp, buf.state, vp, true);
+    gemm(dk, vp, length, buf.keys_t, chunk, buf.updates, vp, state, state_stride, {true, buf.last_decay});
   }
 
-  float* final_state = final_state_of(p, head);
-  for (int64_t c = 0; c < dk; ++c)
-    std::memcpy(final_state + c * p.final_state_strides[2], buf.state + c * vp, dv * sizeof(float));
+  if (!in_final) {
+    for (int64_t c = 0; c < dk; ++c)
+      std::memcpy(final_state + c * p.final_state_strides[2], state + c * vp, dv * sizeof(float));
+  }
 }
 
 }  // namespace
@@ -509,14 +672,19 @@ void gated_delta_rule(const GatedDeltaRuleProblem& p, const ParallelFor& paralle
   const bool chunked = p.length >= kChunkedMinLength;
   // Per-channel gates cost an exp per key channel and token pair, so their chunks are shorter.
   const int64_t chunk_size = p.per_channel_gate ? 32 : 64;
-  parallel_for(0, num_heads, [&](int64_t begin, int64_t end) {
+  // Threads take heads one at a time from a shared counter instead of fixed
+  // ranges: one slowed down (by another process, or on a slower core) then
+  // takes fewer heads rather than holding up the call. The range each worker
+  // is handed only tells it to join in.
+  std::atomic<int64_t> next_head{0};
+  parallel_for(0, num_heads, [&](int64_t, int64_t) {
     std::vector<float> scratch;
     std::unique_ptr<ChunkBuffers> buffers;
-    if (chunked) buffers = std::make_unique<ChunkBuffers>(chunk_size, p.key_dim, p.value_dim);
-    for (int64_t index = begin; index < end; ++index) {
+    for (int64_t index = next_head++; index < num_heads; index = next_head++) {
       const int64_t value_head = index % p.num_v_heads;
       const HeadIndex head{index / p.num_v_heads, value_head, value_head / group};
       if (chunked) {
+        if (!buffers) buffers = std::make_unique<ChunkBuffers>(chunk_size, p.key_dim, p.value_dim);
         chunked_head(p, head, *buffers);
       } else {
         recurrent_head(p, head, scratch);

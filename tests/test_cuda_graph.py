@@ -6,11 +6,35 @@ implementations, so no GPU (and no Triton interpreter) is needed.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")  # the CUDA rewrite's ops are triton_ops
+
+# torch.export cannot trace the interpreter's kernels (it would run them on fake
+# tensors): under TRITON_INTERPRET=1 this module reruns itself without it.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+if INTERPRETED:
+
+    def test_graph_tests_without_the_interpreter():
+        environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        environment["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+        child = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+            cwd=environment["PYTHONPATH"], env=environment, capture_output=True, text=True, timeout=900,
+        )
+        assert child.returncode == 0, f"graph tests failed:\n{child.stdout[-6000:]}\n{child.stderr[-3000:]}"
+
+
+directly = pytest.mark.skipif(INTERPRETED, reason="rerun without TRITON_INTERPRET by the test above")
 
 from cuda_backend.lowering import CudaLoweringError, depthwise_conv1d_as_products, lower_to_cuda  # noqa: E402
 from gdn_export.passes import rewrite  # noqa: E402
@@ -40,16 +64,19 @@ def _gdn_ops(model, length: int) -> list[str]:
     return [str(node.target) for node in program.graph.nodes if "gdn" in str(node.target)]
 
 
+@directly
 def test_decode_export_holds_the_fused_decode_op(cuda_model):
     ops = _gdn_ops(cuda_model, 1)
     assert ops == ["gdn_cuda.fused_recurrent_gated_delta_rule.default"] * 2, ops  # one per linear-attention layer
 
 
+@directly
 def test_prefill_export_holds_the_chunked_op(cuda_model):
     ops = _gdn_ops(cuda_model, 5)
     assert ops == ["gdn_cuda.fused_chunked_gated_delta_rule.default"] * 2, ops
 
 
+@directly
 def test_depthwise_conv1d_decomposition_matches_conv1d():
     seed = torch.seed()
     generator = torch.Generator().manual_seed(seed)
@@ -65,6 +92,7 @@ def test_depthwise_conv1d_decomposition_matches_conv1d():
         is NotImplemented
 
 
+@directly
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised on machines without CUDA")
 def test_lowering_without_cuda_raises_a_clear_error(tmp_path):
     with pytest.raises(CudaLoweringError, match="no CUDA device"):

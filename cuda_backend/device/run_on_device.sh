@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Everything cuda_backend needs a GPU for, in one call on the lent machine; logs go to $OUT.
-#   run(command="bash cuda_backend/device/run_on_device.sh [tests|aoti|bench]...", carry=[".whl"])
-# With no argument it runs all three. Wheels come from cuda_backend/device/setup.sh.
+#   run(command="bash cuda_backend/device/run_on_device.sh [tests|aoti|bench|lower]...", carry=[".whl"])
+# With no argument it runs tests, aoti and bench. Wheels come from cuda_backend/device/setup.sh.
+#   tests: the CUDA kernel tests and the conformance table on CUDA (TESTS overrides the selection)
+#   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
+#   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
+#   lower: the .pte + .ptd through ExecuTorch's CudaBackend (about 3 minutes)
 set -uo pipefail
 OUT=${OUT:-build/cuda_device}
 mkdir -p "$OUT"
@@ -21,7 +25,11 @@ for step in "${steps[@]}"; do
       tail -5 "$OUT/tests.log" ;;
     aoti)
       python3 -X faulthandler -m cuda_backend.device.aoti_check "$OUT" > "$OUT/aoti.log" 2>&1 || status=1
-      grep -v "^W1\|Warning" "$OUT/aoti.log" | tail -30 ;;
+      grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/aoti.log" | tail -30 ;;
+    lower)
+      python3 -X faulthandler -c "import sys; from cuda_backend.device.aoti_check import lower_only; sys.exit(lower_only(sys.argv[1]))" \
+          "$OUT" > "$OUT/lower.log" 2>&1 || status=1
+      grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/lower.log" | tail -8 ;;
     bench)
       python3 -m gdn_export.bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
           --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;
