@@ -55,20 +55,35 @@ class Attend(torch.nn.Module):
         return torch.ops.gdn.cached_attention(query, self.k_cache, self.v_cache, input_pos)
 
 
-@pytest.fixture(scope="module")
-def attention_program():
-    """A .pte of the op with T dynamic (1..16), 8 query heads over 2 KV heads of 64 positions, D = 48."""
+def attention_program_of(num_heads, num_kv_heads, head_dim, max_len, max_length):
+    """A .pte of the op with T dynamic (1..max_length) over random caches held as buffers."""
     from executorch.exir import EdgeCompileConfig, to_edge
     from executorch.runtime import Runtime
 
-    _, k_cache, v_cache, _ = random_problem(8, 2, 1, 48, 64, 0)
+    _, k_cache, v_cache, _ = random_problem(num_heads, num_kv_heads, 1, head_dim, max_len, 0)
     module = Attend(k_cache, v_cache)
-    length = torch.export.Dim("length", min=1, max=16)
+    length = torch.export.Dim("length", min=1, max=max_length)
     exported = torch.export.export(
-        module, (torch.randn(8, 2, 48), torch.tensor([0])), dynamic_shapes=({1: length}, None)
+        module, (torch.randn(num_heads, 2, head_dim), torch.tensor([0])), dynamic_shapes=({1: length}, None)
     )
     program = to_edge(exported, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch()
     return LoadedProgram(Runtime.get().load_program(program.buffer)), k_cache, v_cache
+
+
+@pytest.fixture(scope="module")
+def attention_program():
+    """8 query heads over 2 KV heads of 64 positions, D = 48, T up to 16."""
+    return attention_program_of(8, 2, 48, 64, 16)
+
+
+@pytest.mark.parametrize("length,start", [(40, 0), (33, 67), (1, 99), (17, 5)])
+def test_pte_kernel_with_partial_tiles_and_panels(length, start):
+    """6 query heads over 1 KV head, D = 20: row blocks, row tiles and column panels all end part-full."""
+    program, k_cache, v_cache = attention_program_of(6, 1, 20, 100, 40)
+    query = torch.randn(6, length, 20, generator=torch.Generator().manual_seed(torch.seed()))
+    (output,) = program.execute([query, torch.tensor([start])])
+    torch.testing.assert_close(output.double(), per_row_attention(query, k_cache, v_cache, start), rtol=1e-5,
+                               atol=1e-5)
 
 
 @pytest.mark.parametrize("length,start", [(1, 0), (1, 63), (16, 0), (5, 30), (16, 48)])

@@ -323,7 +323,9 @@ def time_session(session, plan: Plan) -> dict:
         return torch.randint(0, plan.vocab_size, (count,), generator=generator).tolist()
 
     session.reset()
-    session.feed(random_tokens(4))  # warm-up: first calls allocate and pack
+    # Warm-up with a prompt as long as the first timed one: first calls allocate and
+    # pack, and transformers' first long prompt is 20x slower than the next.
+    session.feed(random_tokens(min(plan.prompts)))
     session.feed(random_tokens(1))
     prefill = {}
     decode_steps_ms = []

@@ -268,7 +268,10 @@ class GatedDeltaNet(nn.Module):
         z = self.in_proj_z(x).reshape(batch, length, self.num_v_heads, self.value_head_dim)
         b = self.in_proj_b(x)
         a = forget_previous_sequence(self.in_proj_a(x), self.A_log, self.dt_bias, starting)
-        conv_state = torch.where(starting, 0.0, self.conv_state)
+        # A product, not torch.where: ExecuTorch's portable where broadcasts the [1]
+        # condition element by element (0.13 ms a layer at 0.8B, a decode step's 2%),
+        # while XNNPACK multiplies. The inputs it keeps are finite, so x * 0 = 0.
+        conv_state = self.conv_state * (~starting).to(self.conv_state.dtype)
         window = torch.cat([conv_state, qkv], dim=-1)  # [B, C, kernel - 1 + T]
         self.conv_state.copy_(window[:, :, length:])
         conv = F.conv1d(window, self.conv1d.weight, groups=self.conv_dim)  # [B, C, T]
