@@ -3,6 +3,7 @@
 #   run(command="bash cuda_backend/device/run_on_device.sh [tests|aoti|bench|lower]...", carry=[".whl"])
 # With no argument it runs tests, aoti and bench. Wheels come from cuda_backend/device/setup.sh.
 #   tests: the CUDA kernel tests and the conformance table on CUDA (TESTS overrides the selection)
+#   variants: every chunked-kernel launch variant of gdn-bench's --chunked-sweep against the fp64 reference
 #   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
 #   lower: the .pte + .ptd through ExecuTorch's CudaBackend (about 3 minutes)
@@ -23,6 +24,9 @@ for step in "${steps[@]}"; do
       python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/test_cuda_kernels.py tests/conformance} -k "cuda" \
           > "$OUT/tests.log" 2>&1 || status=1
       tail -5 "$OUT/tests.log" ;;
+    variants)
+      python3 -m cuda_backend.device.chunked_variants > "$OUT/variants.log" 2>&1 || status=1
+      grep -v "Warning\|^ *from \|^ *\"\"\"" "$OUT/variants.log" | tail -60 ;;
     aoti)
       python3 -X faulthandler -m cuda_backend.device.aoti_check "$OUT" > "$OUT/aoti.log" 2>&1 || status=1
       grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/aoti.log" | tail -30 ;;

@@ -1,31 +1,49 @@
 """The chunk-parallel (WY) kernels: prefill, T >> 1.
 
-Two launches, following the chunked form in ``gdn_export.ops.reference``:
+Three launches, following the chunked form in ``gdn_export.ops.reference``.
+Only the middle one walks the chunks in order; it does the least work it can
+(two matrix products per chunk), and everything else runs with one program
+per chunk, so the sequential part stays short:
 
-1. ``chunk_prepare_kernel``, one program per (chunk, sequence, value head), all
-   in parallel. With Gamma the gate summed from the chunk start, it builds the
-   strictly lower matrix A[t, s] = beta_t k_t.k_s exp(Gamma_t - Gamma_s), inverts
-   the unit-lower-triangular I + A by forward substitution, and writes
+1. ``chunk_prepare_kernel``, one program per (chunk, sequence, value head).
+   With Gamma the gate summed from the chunk start, it builds the strictly
+   lower matrix A[t, s] = beta_t k_t.k_s exp(Gamma_t - Gamma_s), inverts the
+   unit-lower-triangular I + A with matrix products only (see
+   ``_unit_lower_inverse``), and writes
 
        w  = (I + A)^-1 (beta k exp(Gamma))      [BT, Dk]  (the WY factor)
        u  = (I + A)^-1 (beta v)                 [BT, Dv]
        qg = q exp(Gamma)                         [BT, Dk]
-       kg = k exp(Gamma_last - Gamma)            [BT, Dk]
+       kg = k exp(Gamma_last - Gamma)            [BT, Dk] (stored transposed)
        aqk[t, s] = q_t.k_s exp(Gamma_t - Gamma_s), s <= t
        decay = exp(Gamma_last)                   [Dk or 1]
 
    Every exponent is of a gate difference with s <= t (masked before exp), so
-   nothing overflows, also for per-channel gates (KDA).
-2. ``chunk_state_output_kernel``, one program per (value block, sequence, head),
-   walks the chunks in order with its state tile in registers:
-   u' = u - w S; o = qg S + aqk u'; S = decay * S + kg^T u'. The state is read
-   once and written once, so ``state_out`` may be ``state_in``.
+   nothing overflows, also for per-channel gates (KDA). With ``RAW_GATES`` it
+   also computes Qwen3.5's gates from the raw a/b (the fused op).
+2. ``chunk_state_kernel``, one program per (value block, sequence, head), walks
+   the chunks in order with its state tile S in registers (fp32):
+   records S as the chunk's starting state h, u' = u - w S (written over u),
+   S = decay * S + kg^T u'. The state is read once and written once, so
+   ``state_out`` may be ``state_in``. With ``FUSED_OUTPUT`` it also computes
+   the output itself and writes no h (fewer launches and bytes, a longer
+   sequential step: the launcher picks).
+3. ``chunk_output_kernel``, one program per (chunk, value block, sequence,
+   head): o = qg h + aqk u'.
+
+The scratch tensors (w, u, qg, kg, aqk, h) have the dtype the launcher picks:
+fp32 for fp32 callers (products in exact fp32), bf16 for bf16/fp16 callers,
+whose products then run on the tensor cores at full rate and whose scratch
+traffic halves; the state, the accumulators and the gates stay fp32.
 """
 
 import triton
 import triton.language as tl
 
 L2NORM_EPS = tl.constexpr(1e-6)
+# Diagonal block of the triangular inverse: (I + N)^-1 of a strictly lower 16 x 16
+# block N is a product of 4 factors (N^16 = 0), and 16 is the smallest tl.dot size.
+INVERSE_BLOCK = tl.constexpr(16)
 
 
 @triton.jit
@@ -37,8 +55,69 @@ def _row_scale(x, USE_QK_L2NORM: tl.constexpr):
 
 
 @triton.jit
+def _softplus(x):
+    # torch's softplus threshold: linear above 20, where log(1 + e^x) == x in fp32.
+    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+
+
+@triton.jit
+def _dot(a, b, DOT_PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    """a @ b with fp32 accumulation. ``WIDEN`` (set under TRITON_INTERPRET=1 only):
+    Triton's interpreter multiplies bf16 operands as their raw 16-bit integers, so
+    they are widened first; the products are exact in fp32 either way, as on the GPU."""
+    if WIDEN:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=DOT_PRECISION)
+    return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _narrow(x, dtype: tl.constexpr, WIDEN: tl.constexpr):
+    """``x`` (fp32) in the scratch dtype, rounded to nearest even as the GPU does.
+
+    Under the interpreter (``WIDEN``) fp32 -> bf16 truncates, which biases every
+    rounding the same way; round the bits first so its tests see the GPU's numerics."""
+    if WIDEN:
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _unit_lower_inverse(a, BT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """(I + a)^-1 for a strictly lower [BT, BT] ``a`` (BT = 32 or 64), by matrix products only.
+
+    Row-by-row substitution is BT dependent steps of reductions across the
+    tile; products run on the tensor cores and take a handful of steps:
+
+    * the 16 x 16 diagonal blocks: with N = a on those blocks (N^16 = 0),
+      D = (I + N)^-1 = (I - N)(I + N^2)(I + N^4)(I + N^8), all blocks at once
+      as [BT, BT] products of block-diagonal matrices;
+    * the rest: I + a = (I + N)(I + D a_off) with a_off the part of a below the
+      diagonal blocks, and M = D a_off is strictly block-lower, so M^(BT/16) = 0:
+      (I + a)^-1 = (I - M)(I + M^2) D for 4 blocks, (I - M) D for 2.
+    """
+    tl.static_assert(BT == 32 or BT == 64, "chunk length must be 32 or 64")
+    rows = tl.arange(0, BT)
+    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    in_block = (rows[:, None] // INVERSE_BLOCK) == (rows[None, :] // INVERSE_BLOCK)
+    power = tl.where(in_block, a, 0.0)
+    diagonal_inverse = eye - power
+    for _ in tl.static_range(3):  # factors (I + N^2), (I + N^4), (I + N^8)
+        power = tl.dot(power, power, input_precision=DOT_PRECISION)
+        diagonal_inverse += tl.dot(diagonal_inverse, power, input_precision=DOT_PRECISION)
+    power = tl.dot(diagonal_inverse, tl.where(in_block, 0.0, a), input_precision=DOT_PRECISION)
+    inverse = eye - power
+    if BT == 64:
+        power = tl.dot(power, power, input_precision=DOT_PRECISION)
+        inverse += tl.dot(inverse, power, input_precision=DOT_PRECISION)
+    return tl.dot(inverse, diagonal_inverse, input_precision=DOT_PRECISION)
+
+
+@triton.jit
 def chunk_prepare_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
     w_ptr, u_ptr, qg_ptr, kg_ptr, aqk_ptr, decay_ptr,
     length, scale,
     sq_b, sq_t, sq_h, sq_d,
@@ -53,8 +132,10 @@ def chunk_prepare_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,  # channel block of the per-channel-gate A matrix
     GATE_PER_CHANNEL: tl.constexpr,
+    RAW_GATES: tl.constexpr,  # g_ptr/beta_ptr hold Qwen3.5's raw a/b (scalar gates only)
     USE_QK_L2NORM: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WIDEN: tl.constexpr,
 ):
     chunk = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -62,6 +143,7 @@ def chunk_prepare_kernel(
     batch = pid_bh // NUM_V_HEADS
     v_head = pid_bh % NUM_V_HEADS
     k_head = v_head // GROUP
+    scratch = w_ptr.dtype.element_ty
 
     rows = tl.arange(0, BT)
     t_offs = chunk * BT + rows
@@ -69,6 +151,14 @@ def chunk_prepare_kernel(
     last_row = tl.minimum(length - chunk * BT, BT) - 1
     k_offs = tl.arange(0, DK)
     v_offs = tl.arange(0, DV)
+    causal = rows[:, None] >= rows[None, :]
+    # Scratch layout [B * Hv, chunks * BT, D]: each program writes its own rows.
+    chunk_rows = (pid_bh * num_chunks + chunk) * BT + rows
+
+    beta_rows = beta_ptr + batch * sbeta_b + v_head * sbeta_h + t_offs * sbeta_t
+    beta = tl.load(beta_rows, mask=row_mask, other=0.0).to(tl.float32)
+    if RAW_GATES:
+        beta = tl.where(row_mask, tl.sigmoid(beta), 0.0)
 
     q_rows = q_ptr + batch * sq_b + k_head * sq_h + t_offs[:, None] * sq_t
     k_rows = k_ptr + batch * sk_b + k_head * sk_h + t_offs[:, None] * sk_t
@@ -78,14 +168,7 @@ def chunk_prepare_kernel(
     k_scale = _row_scale(k, USE_QK_L2NORM)
     q = q * q_scale[:, None]
     k = k * k_scale[:, None]
-    v = tl.load(
-        v_ptr + batch * sv_b + v_head * sv_h + t_offs[:, None] * sv_t + v_offs[None, :] * sv_d,
-        mask=row_mask[:, None], other=0.0,
-    ).to(tl.float32)
-    beta = tl.load(beta_ptr + batch * sbeta_b + v_head * sbeta_h + t_offs * sbeta_t, mask=row_mask, other=0.0)
-    beta = beta.to(tl.float32)
 
-    causal = rows[:, None] >= rows[None, :]
     g_rows = g_ptr + batch * sg_b + v_head * sg_h + t_offs[:, None] * sg_t
     if GATE_PER_CHANNEL:
         gate = tl.cumsum(tl.load(g_rows + k_offs[None, :] * sg_d, mask=row_mask[:, None], other=0.0).to(tl.float32), 0)
@@ -107,49 +190,54 @@ def chunk_prepare_kernel(
             key_key += tl.sum(k_block[:, None, :] * k_block[None, :, :] * decay, 2)
             query_key += tl.sum(q_block[:, None, :] * k_block[None, :, :] * decay, 2)
         key_decay = tl.exp(gate)
-        qg = q * key_decay
-        kg = k * tl.exp(gate_last[None, :] - gate)
+        key_to_end = tl.exp(gate_last[None, :] - gate)
         decay_last = tl.exp(gate_last)
     else:
-        gate = tl.cumsum(tl.load(g_ptr + batch * sg_b + v_head * sg_h + t_offs * sg_t, mask=row_mask, other=0.0).to(tl.float32), 0)
+        if RAW_GATES:
+            neg_a = -tl.exp(tl.load(a_log_ptr + v_head).to(tl.float32))
+            dt_bias = tl.load(dt_bias_ptr + v_head).to(tl.float32)
+            raw = tl.load(g_ptr + batch * sg_b + v_head * sg_h + t_offs * sg_t, mask=row_mask, other=0.0)
+            step = tl.where(row_mask, neg_a * _softplus(raw.to(tl.float32) + dt_bias), 0.0)
+        else:
+            step = tl.load(g_ptr + batch * sg_b + v_head * sg_h + t_offs * sg_t, mask=row_mask, other=0.0)
+        gate = tl.cumsum(step.to(tl.float32), 0)
         gate_last = tl.sum(tl.where(rows == last_row, gate, 0.0), 0)
         decay = tl.exp(tl.where(causal, gate[:, None] - gate[None, :], float("-inf")))
         key_key = tl.dot(k, tl.trans(k), input_precision=DOT_PRECISION) * decay
         query_key = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * decay
         key_decay = tl.exp(gate)[:, None]
-        qg = q * key_decay
-        kg = k * tl.exp(gate_last - gate)[:, None]
+        key_to_end = tl.exp(gate_last - gate)[:, None]
         decay_last = tl.exp(gate_last)
 
-    system = tl.where(rows[:, None] > rows[None, :], key_key * beta[:, None], 0.0)
-    query_key = tl.where(causal, query_key, 0.0)
-    # (I + A)^-1 by forward substitution, one row at a time: row i = e_i - A[i, :i] inv[:i].
-    inverse = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
-    for i in range(1, BT):
-        a_row = tl.sum(tl.where(rows[:, None] == i, system, 0.0), 0)
-        row = tl.sum(a_row[:, None] * inverse, 0)
-        inverse = tl.where(rows[:, None] == i, inverse - row[None, :], inverse)
-    w = tl.dot(inverse, k * key_decay * beta[:, None], input_precision=DOT_PRECISION)
-    u = tl.dot(inverse, v * beta[:, None], input_precision=DOT_PRECISION)
-
-    # Scratch layout [B * Hv, chunks * BT, D]: each program writes its own rows.
-    chunk_rows = (pid_bh * num_chunks + chunk) * BT + rows
-    tl.store(w_ptr + chunk_rows[:, None] * DK + k_offs[None, :], w)
-    tl.store(qg_ptr + chunk_rows[:, None] * DK + k_offs[None, :], qg)
-    tl.store(kg_ptr + chunk_rows[:, None] * DK + k_offs[None, :], kg)
-    tl.store(u_ptr + chunk_rows[:, None] * DV + v_offs[None, :], u)
-    tl.store(aqk_ptr + chunk_rows[:, None] * BT + rows[None, :], query_key)
+    # The query side is done here, so q is dead before the inverse needs registers.
+    tl.store(aqk_ptr + chunk_rows[:, None] * BT + rows[None, :], _narrow(tl.where(causal, query_key, 0.0), scratch, WIDEN))
+    tl.store(qg_ptr + chunk_rows[:, None] * DK + k_offs[None, :], _narrow(q * key_decay, scratch, WIDEN))
+    # kg is stored transposed, [Dk, BT] per chunk: the state kernel multiplies kg^T by u', and
+    # so loads it as a plain row-major operand with no transposed layout inside its loop.
+    key_tile = kg_ptr + (pid_bh * num_chunks + chunk) * DK * BT + k_offs[:, None] * BT + rows[None, :]
+    tl.store(key_tile, tl.trans(_narrow(k * key_to_end, scratch, WIDEN)))
     if GATE_PER_CHANNEL:
         tl.store(decay_ptr + (pid_bh * num_chunks + chunk) * DK + k_offs, decay_last)
     else:
         tl.store(decay_ptr + pid_bh * num_chunks + chunk, decay_last)
 
+    inverse = _unit_lower_inverse(tl.where(rows[:, None] > rows[None, :], key_key * beta[:, None], 0.0),
+                                  BT, DOT_PRECISION)
+    w = tl.dot(inverse, k * key_decay * beta[:, None], input_precision=DOT_PRECISION)
+    tl.store(w_ptr + chunk_rows[:, None] * DK + k_offs[None, :], _narrow(w, scratch, WIDEN))
+    v = tl.load(
+        v_ptr + batch * sv_b + v_head * sv_h + t_offs[:, None] * sv_t + v_offs[None, :] * sv_d,
+        mask=row_mask[:, None], other=0.0,
+    ).to(tl.float32)
+    u = tl.dot(inverse, v * beta[:, None], input_precision=DOT_PRECISION)
+    tl.store(u_ptr + chunk_rows[:, None] * DV + v_offs[None, :], _narrow(u, scratch, WIDEN))
+
 
 @triton.jit
-def chunk_state_output_kernel(
-    w_ptr, u_ptr, qg_ptr, kg_ptr, aqk_ptr, decay_ptr,
-    state_in_ptr, state_out_ptr, out_ptr,
-    length, num_chunks,
+def chunk_state_kernel(
+    w_ptr, u_ptr, kg_ptr, decay_ptr, state_in_ptr, state_out_ptr, h_ptr,
+    qg_ptr, aqk_ptr, out_ptr,  # FUSED_OUTPUT only
+    length,
     ss_b, ss_h, ss_k, ss_v,
     so_b, so_t, so_h, so_d,
     NUM_V_HEADS: tl.constexpr,
@@ -158,13 +246,20 @@ def chunk_state_output_kernel(
     BT: tl.constexpr,
     BV: tl.constexpr,
     GATE_PER_CHANNEL: tl.constexpr,
+    FUSED_OUTPUT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    WIDEN: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     pid_bh = tl.program_id(1)
     batch = pid_bh // NUM_V_HEADS
     v_head = pid_bh % NUM_V_HEADS
+    scratch = w_ptr.dtype.element_ty
 
+    # Derived here, not passed: Triton turns an int argument equal to 1 into a constant, and
+    # with the count passed, the one-chunk case gave a wrong final state on H100 (Triton 3.6,
+    # pipelined loop) while its output was right; a runtime bound avoids that specialization.
+    num_chunks = tl.cdiv(length, BT)
     rows = tl.arange(0, BT)
     k_offs = tl.arange(0, DK)
     v_offs = pid_v * BV + tl.arange(0, BV)
@@ -175,18 +270,64 @@ def chunk_state_output_kernel(
     for chunk in range(num_chunks):
         chunk_rows = (pid_bh * num_chunks + chunk) * BT + rows
         w = tl.load(w_ptr + chunk_rows[:, None] * DK + k_offs[None, :])
-        qg = tl.load(qg_ptr + chunk_rows[:, None] * DK + k_offs[None, :])
-        kg = tl.load(kg_ptr + chunk_rows[:, None] * DK + k_offs[None, :])
-        u = tl.load(u_ptr + chunk_rows[:, None] * DV + v_offs[None, :])
-        query_key = tl.load(aqk_ptr + chunk_rows[:, None] * BT + rows[None, :])
-        updates = u - tl.dot(w, state, input_precision=DOT_PRECISION)
-        output = tl.dot(qg, state, input_precision=DOT_PRECISION)
-        output += tl.dot(query_key, updates, input_precision=DOT_PRECISION)
-        t_offs = chunk * BT + rows
-        tl.store(o_base + t_offs[:, None] * so_t, output.to(out_ptr.dtype.element_ty), mask=(t_offs < length)[:, None])
+        key_t = tl.load(kg_ptr + (pid_bh * num_chunks + chunk) * DK * BT + k_offs[:, None] * BT + rows[None, :])
+        u_tile = u_ptr + chunk_rows[:, None] * DV + v_offs[None, :]
+        u = tl.load(u_tile).to(tl.float32)
         if GATE_PER_CHANNEL:
             decay = tl.load(decay_ptr + (pid_bh * num_chunks + chunk) * DK + k_offs)[:, None]
         else:
             decay = tl.load(decay_ptr + pid_bh * num_chunks + chunk)
-        state = state * decay + tl.dot(tl.trans(kg), updates, input_precision=DOT_PRECISION)
+        # The products take the state in the scratch dtype (bf16 for bf16 callers: the
+        # tensor cores' full rate) and accumulate in fp32; the state itself stays fp32.
+        state_operand = _narrow(state, scratch, WIDEN)
+        updates = _narrow(u - _dot(w, state_operand, DOT_PRECISION, WIDEN), scratch, WIDEN)
+        if FUSED_OUTPUT:
+            qg = tl.load(qg_ptr + chunk_rows[:, None] * DK + k_offs[None, :])
+            query_key = tl.load(aqk_ptr + chunk_rows[:, None] * BT + rows[None, :])
+            output = _dot(qg, state_operand, DOT_PRECISION, WIDEN)
+            output += _dot(query_key, updates, DOT_PRECISION, WIDEN)
+            t_offs = chunk * BT + rows
+            tl.store(o_base + t_offs[:, None] * so_t, _narrow(output, out_ptr.dtype.element_ty, WIDEN),
+                     mask=(t_offs < length)[:, None])
+        else:
+            # h [B * Hv, chunks, DK, DV]: the chunk's starting state, for the output kernel.
+            h_tile = h_ptr + ((pid_bh * num_chunks + chunk) * DK + k_offs[:, None]) * DV + v_offs[None, :]
+            tl.store(h_tile, state_operand)
+            tl.store(u_tile, updates)  # u' over u: only this program reads these rows
+        state = state * decay + _dot(key_t, updates, DOT_PRECISION, WIDEN)
     tl.store(state_out_ptr + state_tile, state)
+
+
+@triton.jit
+def chunk_output_kernel(
+    qg_ptr, aqk_ptr, h_ptr, u_ptr, out_ptr,
+    length,
+    so_b, so_t, so_h, so_d,
+    NUM_V_HEADS: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BV: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    WIDEN: tl.constexpr,
+):
+    chunk = tl.program_id(0)
+    pid_v = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+    num_chunks = tl.num_programs(0)
+    batch = pid_bh // NUM_V_HEADS
+    v_head = pid_bh % NUM_V_HEADS
+
+    rows = tl.arange(0, BT)
+    k_offs = tl.arange(0, DK)
+    v_offs = pid_v * BV + tl.arange(0, BV)
+    chunk_rows = (pid_bh * num_chunks + chunk) * BT + rows
+    qg = tl.load(qg_ptr + chunk_rows[:, None] * DK + k_offs[None, :])
+    h = tl.load(h_ptr + ((pid_bh * num_chunks + chunk) * DK + k_offs[:, None]) * DV + v_offs[None, :])
+    query_key = tl.load(aqk_ptr + chunk_rows[:, None] * BT + rows[None, :])
+    updates = tl.load(u_ptr + chunk_rows[:, None] * DV + v_offs[None, :])
+    output = _dot(qg, h, DOT_PRECISION, WIDEN)
+    output += _dot(query_key, updates, DOT_PRECISION, WIDEN)
+    t_offs = chunk * BT + rows
+    o_tile = out_ptr + batch * so_b + v_head * so_h + t_offs[:, None] * so_t + v_offs[None, :] * so_d
+    tl.store(o_tile, _narrow(output, out_ptr.dtype.element_ty, WIDEN), mask=(t_offs < length)[:, None])

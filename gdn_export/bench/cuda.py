@@ -32,6 +32,12 @@ from pathlib import Path
 NUM_K_HEADS, NUM_V_HEADS, HEAD_DIM = 16, 32, 128
 ROTATION_BYTES_OVER_L2 = 4  # rotate through this many times the L2 size
 DECODE_SWEEP = ((16, 2), (32, 4), (64, 4), (64, 8), (128, 8))  # (value block, warps) for --sweep
+# Overrides of the chunked kernels' launch shape for --chunked-sweep (see cuda_backend.triton_ops._chunked_launch).
+# Timed after the anchors, so a variant that faults cannot cost the table its references.
+CHUNKED_SWEEP = (
+    dict(scratch="fp32"), dict(fused_output=False), dict(fused_output=False, state_stages=3),
+    dict(state_block=16), dict(state_block=64), dict(state_warps=8), dict(state_stages=3),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calls", type=int, default=20, help="launches per captured graph")
     parser.add_argument("--replays", type=int, default=7, help="graph replays; the median is reported")
     parser.add_argument("--sweep", action="store_true", help="also time the decode kernel at other launch shapes")
+    parser.add_argument("--chunked-sweep", action="store_true",
+                        help="also time the chunked (prefill) kernels at other launch shapes and scratch dtypes")
     parser.add_argument("--json", type=Path, help="write all figures here")
     parser.add_argument("--markdown", type=Path, help="write the tables here")
     parser.add_argument("--plot", type=Path, help="write a PNG plot here (needs matplotlib)")
@@ -187,7 +195,7 @@ def _prefill_inputs(length: int, generator):
     )
 
 
-def _prefill_implementations():
+def _prefill_implementations(sweep: bool = False):
     import torch
 
     import cuda_backend  # noqa: F401
@@ -222,6 +230,19 @@ def _prefill_implementations():
         )
 
     impls["ExecuTorch 1.5.1 chunk_gated_delta_rule"] = executorch
+    if sweep:
+        from cuda_backend.triton_ops import run_chunked
+
+        def tuned(tuning):
+            return lambda x: (
+                lambda: run_chunked(
+                    x["query"], x["key"], x["value"], x["g"], x["beta"], x["state"], x["state"], x["output"],
+                    scale=HEAD_DIM ** -0.5, use_qk_l2norm=True, tuning=tuning,
+                )
+            )
+
+        for tuning in CHUNKED_SWEEP:
+            impls["ours: chunked " + " ".join(f"{k}={v}" for k, v in tuning.items())] = tuned(tuning)
     return impls
 
 
@@ -307,7 +328,7 @@ def run(args) -> int:
     print(f"{properties.name}, {properties.multi_processor_count} SMs, L2 {l2_bytes / 2**20:.0f} MiB, "
           f"torch {torch.__version__}", flush=True)
     decode = _measure("decode B", batches, _decode_inputs, _decode_implementations(args.sweep), args, l2_bytes)
-    prefill = _measure("prefill T", lengths, _prefill_inputs, _prefill_implementations(), args, l2_bytes)
+    prefill = _measure("prefill T", lengths, _prefill_inputs, _prefill_implementations(getattr(args, "chunked_sweep", False)), args, l2_bytes)
     markdown = (
         f"Device: {properties.name}; torch {torch.__version__}; microseconds per layer call "
         f"(median of {args.replays} graph replays of {args.calls} launches).\n\n"
