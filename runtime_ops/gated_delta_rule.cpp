@@ -1,16 +1,18 @@
 // The gated delta rule on CPU (see gated_delta_rule.h).
 //
-// Work is split by (batch, value head): every head owns its Dk x Dv state and
-// runs independently on one thread.
+// Every value head owns its Dk x Dv state and runs on one thread.
 //
 // * Short sequences (decode) step token by token straight on the state
-//   memory: one pass reads the state once to get S^T k and S^T q, a second
-//   pass writes the updated rows while they are still in cache, so decode
-//   costs one read and one write of the state.
-// * Long sequences run the chunked (WY) form of gdn_export/ops/reference.py:
-//   within a chunk the delta-rule updates become a unit-lower-triangular solve
-//   plus matrix products, done by small register-blocked GEMM tiles on a
-//   cached copy of the state.
+//   memory, each (batch, value head) a unit of work: one pass reads the state
+//   once to get S^T k and S^T q with both in registers, a second pass writes
+//   the updated rows while they are still in cache, so decode costs one read
+//   and one write of the state.
+// * Long sequences run the chunked (WY) form of gdn_export/ops/reference.py,
+//   each (batch, key head) a unit of work: within a chunk the delta-rule
+//   updates become a unit-lower-triangular solve plus matrix products, done
+//   by small register-blocked GEMM tiles on a cached copy of the state; the
+//   value heads of a key head share the chunk's queries and keys (and, with a
+//   scalar gate, the products K K^T and Q K^T).
 #include "gated_delta_rule.h"
 
 #include <algorithm>
@@ -365,14 +367,19 @@ __attribute__((always_inline)) inline void prefetch_row(const InputView& view, i
   for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(begin + byte);
 }
 
-// The query, key and value rows of token t. A head's rows are far apart in
+// The query and key rows of token t, and separately its value row (a key
+// head's value heads read theirs in turn). A head's rows are far apart in
 // memory, a cache miss each: asking a few tokens ahead overlaps the misses.
-__attribute__((always_inline)) inline void prefetch_inputs(const GatedDeltaRuleProblem& p, const HeadIndex& head,
-                                                           int64_t t) {
+__attribute__((always_inline)) inline void prefetch_query_key(const GatedDeltaRuleProblem& p, const HeadIndex& head,
+                                                              int64_t t) {
   prefetch_row(p.query, head.batch * p.query.strides[0] + t * p.query.strides[1] + head.key_head * p.query.strides[2],
                p.query.strides[3], p.key_dim);
   prefetch_row(p.key, head.batch * p.key.strides[0] + t * p.key.strides[1] + head.key_head * p.key.strides[2],
                p.key.strides[3], p.key_dim);
+}
+
+__attribute__((always_inline)) inline void prefetch_value(const GatedDeltaRuleProblem& p, const HeadIndex& head,
+                                                          int64_t t) {
   prefetch_row(p.value, head.batch * p.value.strides[0] + t * p.value.strides[1] + head.value_head * p.value.strides[2],
                p.value.strides[3], p.value_dim);
 }
@@ -387,15 +394,66 @@ float* final_state_of(const GatedDeltaRuleProblem& p, const HeadIndex& head) {
 
 // ---- token by token, on the state memory ----
 
+// Vectors of columns a pass over the state keeps in registers (pass 1 holds
+// two accumulators per vector: S'^T k and S'^T q).
+constexpr int kStateVectors = kLanes == 16 ? 8 : 4;
+
+// Pass 1 on columns [0, kVectors * kLanes) of the rows at source (vectors <=
+// kVectors of them, fixed at compile time): S'^T k and S'^T q with
+// S' = diag(decay) S, accumulated in registers so that each row is read once
+// and nothing else goes to memory.
+template <int kVectors>
+void read_state(int vectors, int64_t dk, const float* source, int64_t stride, const float* key_weight,
+                const float* query_weight, float* state_key, float* state_query) {
+  if constexpr (kVectors > 1) {
+    if (vectors < kVectors)
+      return read_state<kVectors - 1>(vectors, dk, source, stride, key_weight, query_weight, state_key, state_query);
+  }
+  Vec sk[kVectors], sq[kVectors];
+  for (int v = 0; v < kVectors; ++v) sk[v] = sq[v] = Vec{};
+  for (int64_t c = 0; c < dk; ++c) {
+    const Vec kw = broadcast(key_weight[c]), qw = broadcast(query_weight[c]);
+    for (int v = 0; v < kVectors; ++v) {
+      const Vec row = load(source + c * stride + v * kLanes);
+      sk[v] += kw * row;
+      sq[v] += qw * row;
+    }
+  }
+  for (int v = 0; v < kVectors; ++v) {
+    store(state_key + v * kLanes, sk[v]);
+    store(state_query + v * kLanes, sq[v]);
+  }
+}
+
+// Pass 2 on the same columns: target row c = decay[c] source row c + key[c] u,
+// with u in registers. source may be target.
+template <int kVectors>
+void write_state(int vectors, int64_t dk, const float* source, int64_t source_stride, float* target,
+                 int64_t target_stride, const float* decay, const float* key, const float* update) {
+  if constexpr (kVectors > 1) {
+    if (vectors < kVectors)
+      return write_state<kVectors - 1>(vectors, dk, source, source_stride, target, target_stride, decay, key, update);
+  }
+  Vec u[kVectors];
+  for (int v = 0; v < kVectors; ++v) u[v] = load(update + v * kLanes);
+  for (int64_t c = 0; c < dk; ++c) {
+    const Vec d = broadcast(decay[c]), k = broadcast(key[c]);
+    for (int v = 0; v < kVectors; ++v)
+      store(target + c * target_stride + v * kLanes, d * load(source + c * source_stride + v * kLanes) + k * u[v]);
+  }
+}
+
 void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::vector<float>& scratch) {
   const int64_t dk = p.key_dim, dv = p.value_dim;
-  scratch.resize(3 * dk + 5 * dv);
+  scratch.resize(5 * dk + 5 * dv);
   float* query = scratch.data();
   float* key = query + dk;
   float* decay = key + dk;
-  float* value = decay + dk;
-  float* state_key = value + dv;    // S^T (decay * k)
-  float* state_query = state_key + dv;  // S^T (decay * q)
+  float* key_weight = decay + dk;  // decay * k
+  float* query_weight = key_weight + dk;  // decay * q
+  float* value = query_weight + dk;
+  float* state_key = value + dv;  // S'^T k
+  float* state_query = state_key + dv;  // S'^T q
   float* update = state_query + dv;
   float* output = update + dv;
 
@@ -403,6 +461,10 @@ void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::
   int64_t source_row_stride = p.initial_state_strides[2];
   float* target = final_state_of(p, head);
   const int64_t target_row_stride = p.final_state_strides[2];
+  // Columns the register passes cover; the few left over (Dv not a multiple
+  // of the vector width) are done element by element.
+  const int64_t vector_columns = dv / kLanes * kLanes;
+  constexpr int64_t kBlockColumns = kStateVectors * kLanes;
   for (int64_t t = 0; t < p.length; ++t) {
     load_query_key(p, head, t, query, key);
     load_value(p, head, t, value);
@@ -412,20 +474,26 @@ void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::
     } else {
       std::fill(decay, decay + dk, std::exp(load_scalar_gate(p, head, t)));
     }
+    for (int64_t c = 0; c < dk; ++c) {
+      key_weight[c] = key[c] * decay[c];
+      query_weight[c] = query[c] * decay[c];
+    }
     const float beta = load_beta(p, head, t);
 
-    // Pass 1 reads the state: with S' = diag(decay) S, get S'^T k and S'^T q.
-    std::fill(state_key, state_key + dv, 0.0f);
-    std::fill(state_query, state_query + dv, 0.0f);
-    for (int64_t c = 0; c < dk; ++c) {
-      const float* __restrict row = source + c * source_row_stride;
-      const float key_weight = key[c] * decay[c], query_weight = query[c] * decay[c];
-      float* __restrict sk = state_key;
-      float* __restrict sq = state_query;
-      for (int64_t j = 0; j < dv; ++j) {
-        sk[j] += key_weight * row[j];
-        sq[j] += query_weight * row[j];
+    // Pass 1 reads the state for S'^T k and S'^T q.
+    for (int64_t j = 0; j < vector_columns; j += kBlockColumns) {
+      const int vectors = int(std::min(kBlockColumns, vector_columns - j) / kLanes);
+      read_state<kStateVectors>(vectors, dk, source + j, source_row_stride, key_weight, query_weight, state_key + j,
+                                state_query + j);
+    }
+    for (int64_t j = vector_columns; j < dv; ++j) {
+      float sk = 0.0f, sq = 0.0f;
+      for (int64_t c = 0; c < dk; ++c) {
+        sk += key_weight[c] * source[c * source_row_stride + j];
+        sq += query_weight[c] * source[c * source_row_stride + j];
       }
+      state_key[j] = sk;
+      state_query[j] = sq;
     }
     // u = beta (v - S'^T k); o = (S' + k u^T)^T q = S'^T q + (q.k) u.
     const float query_key = dot(query, key, dk);
@@ -434,12 +502,14 @@ void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::
       output[j] = state_query[j] + query_key * update[j];
     }
     // Pass 2 writes S = S' + k u^T, reading rows pass 1 left in cache.
-    for (int64_t c = 0; c < dk; ++c) {
-      const float* row = source + c * source_row_stride;
-      float* out_row = target + c * target_row_stride;
-      const float row_decay = decay[c], row_key = key[c];
-      for (int64_t j = 0; j < dv; ++j) out_row[j] = row_decay * row[j] + row_key * update[j];
+    for (int64_t j = 0; j < vector_columns; j += kBlockColumns) {
+      const int vectors = int(std::min(kBlockColumns, vector_columns - j) / kLanes);
+      write_state<kStateVectors>(vectors, dk, source + j, source_row_stride, target + j, target_row_stride, decay, key,
+                                 update + j);
     }
+    for (int64_t c = 0; c < dk; ++c)
+      for (int64_t j = vector_columns; j < dv; ++j)
+        target[c * target_row_stride + j] = decay[c] * source[c * source_row_stride + j] + key[c] * update[j];
     store_output(p, head, t, output);
     source = target;
     source_row_stride = target_row_stride;
@@ -463,25 +533,36 @@ void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::
 // Tokens ahead whose input rows the packing loop prefetches.
 constexpr int64_t kPrefetchDistance = 4;
 
+// Tokens per chunk. The state products cost ~6 Dk Dv flops per token whatever
+// the chunk; the scores, the solve and A U grow with the chunk (~4 C Dk per
+// token), while the GEMM tiles want a depth of a few dozen to run at speed.
+// 32 measured fastest for Dk = Dv = 128 (64 is ~10% slower), and keeps the
+// per-channel gates' exp per key channel and token pair cheap.
+constexpr int64_t kChunk = 32;
+
 // Rows of the triangular solve done at a time: the rows above a block enter
 // through one GEMM, only the block's own triangle is substituted row by row.
 constexpr int64_t kSolveBlock = 16;
 
 // Per-thread working buffers of the chunked form, padded for the GEMM tiles.
+// A key head's value heads share the query and key buffers (and, for GDA, the
+// raw scores); the rest serves one value head at a time.
 struct ChunkBuffers {
   int64_t chunk, key_pad, value_pad;
   std::vector<float> storage;
-  float *state, *queries, *keys, *decayed, *keys_t, *values, *gates, *betas, *last_decay, *projected, *scores,
-      *updates;
+  float *states, *queries, *keys, *decayed, *keys_t, *raw_scores, *values, *gates, *betas, *last_decay, *projected,
+      *scores, *updates;
 
-  ChunkBuffers(int64_t chunk_size, int64_t key_dim, int64_t value_dim)
+  ChunkBuffers(int64_t chunk_size, int64_t key_dim, int64_t value_dim, int64_t group)
       : chunk(chunk_size), key_pad(round_up(key_dim, kPad)), value_pad(round_up(value_dim, kPad)) {
     const int64_t sizes[] = {
-        key_dim * value_pad,    // state [Dk, Dv'], when final_state's rows cannot hold it
+        // states [G, Dk, Dv'], when final_state's rows cannot hold them
+        value_dim == value_pad ? 0 : group * key_dim * value_pad,
         chunk * key_pad,        // queries [C, Dk'], normalized and scaled
         chunk * key_pad,        // keys [C, Dk'], normalized
         2 * chunk * key_pad,    // decayed keys K~, then queries Q~ [2C, Dk']
         key_pad * chunk,        // keys transposed [Dk', C] (KDA: decayed to the chunk end)
+        2 * chunk * chunk,      // GDA: K K^T, then Q K^T [2C, C], lower triangles
         chunk * value_pad,      // values [C, Dv']
         chunk * key_pad,        // cumulative log gates G: [C, Dk'] (KDA) or [C] (GDA)
         chunk,                  // betas
@@ -493,8 +574,8 @@ struct ChunkBuffers {
     int64_t total = 0;
     for (int64_t size : sizes) total += size;
     storage.assign(total, 0.0f);
-    float** slots[] = {&state, &queries, &keys, &decayed, &keys_t, &values, &gates,
-                       &betas, &last_decay, &projected, &scores, &updates};
+    float** slots[] = {&states, &queries, &keys, &decayed, &keys_t, &raw_scores, &values,
+                       &gates, &betas, &last_decay, &projected, &scores, &updates};
     float* cursor = storage.data();
     for (size_t i = 0; i < sizeof(slots) / sizeof(slots[0]); ++i) {
       *slots[i] = cursor;
@@ -503,29 +584,38 @@ struct ChunkBuffers {
   }
 };
 
-// Scores of one chunk, GDA: one decay per token, so M and A are the plain
-// products K K^T and Q K^T (lower triangles only) times exp(G_t - G_s).
-void scalar_gate_scores(int64_t length, ChunkBuffers& buf, float* system, float* query_scores) {
+// GDA has one decay per token, so M and A are the plain products K K^T and
+// Q K^T (lower triangles only) times exp(G_t - G_s): the products are made
+// once per chunk for all the value heads of a key head ...
+void key_head_scores(int64_t length, ChunkBuffers& buf) {
   const int64_t kp = buf.key_pad, chunk = buf.chunk, length_pad = round_up(length, kPad);
   transpose(length, kp, buf.keys, kp, buf.keys_t, chunk);
   for (int64_t c = 0; c < kp; ++c) std::fill(buf.keys_t + c * chunk + length, buf.keys_t + c * chunk + length_pad, 0.0f);
-  gemm(length, length_pad, kp, buf.keys, kp, buf.keys_t, chunk, system, chunk, {}, Triangle::Output);
-  gemm(length, length_pad, kp, buf.queries, kp, buf.keys_t, chunk, query_scores, chunk, {}, Triangle::Output);
+  gemm(length, length_pad, kp, buf.keys, kp, buf.keys_t, chunk, buf.raw_scores, chunk, {}, Triangle::Output);
+  gemm(length, length_pad, kp, buf.queries, kp, buf.keys_t, chunk, buf.raw_scores + chunk * chunk, chunk, {},
+       Triangle::Output);
+}
+
+// ... and weighed by each value head's decays (and betas) here.
+void scalar_gate_scores(int64_t length, ChunkBuffers& buf, float* system, float* query_scores) {
+  const int64_t chunk = buf.chunk, length_pad = round_up(length, kPad);
+  const float* raw_key_scores = buf.raw_scores;
+  const float* raw_query_scores = buf.raw_scores + chunk * chunk;
   const IntVec lanes = lane_indices();
   for (int64_t t = 0; t < length; ++t) {
     const Vec gate = broadcast(buf.gates[t]), negative_beta = broadcast(-buf.betas[t]);
     for (int64_t s = 0; s < length_pad; s += kLanes) {
       float* key_row = system + t * chunk + s;
       float* query_row = query_scores + t * chunk + s;
-      if (s > t) {  // above the diagonal (this tile was skipped by the GEMM)
+      if (s > t) {  // above the diagonal (this tile was skipped by the GEMMs)
         store(key_row, Vec{});
         store(query_row, Vec{});
         continue;
       }
       const IntVec index = lanes + int32_t(s);
       const Vec decay = exp_vec(gate - load(buf.gates + s));
-      store(key_row, index < int32_t(t) ? negative_beta * decay * load(key_row) : Vec{});
-      store(query_row, index <= int32_t(t) ? decay * load(query_row) : Vec{});
+      store(key_row, index < int32_t(t) ? negative_beta * decay * load(raw_key_scores + t * chunk + s) : Vec{});
+      store(query_row, index <= int32_t(t) ? decay * load(raw_query_scores + t * chunk + s) : Vec{});
     }
   }
 }
@@ -571,123 +661,141 @@ void solve_updates(int64_t length, const float* system, ChunkBuffers& buf) {
   }
 }
 
-void chunked_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, ChunkBuffers& buf) {
+// The value heads [batch, key_head * G, (key_head + 1) * G) of one key head,
+// chunk by chunk: each chunk's queries and keys (and GDA's raw scores) are
+// made once and used by all G heads in turn.
+void chunked_group(const GatedDeltaRuleProblem& p, int64_t batch, int64_t key_head, ChunkBuffers& buf) {
   const int64_t dk = p.key_dim, dv = p.value_dim, kp = buf.key_pad, vp = buf.value_pad, chunk = buf.chunk;
+  const int64_t group = p.num_v_heads / p.num_k_heads;
   const bool per_channel = p.per_channel_gate;
-  // The state is worked on in final_state's memory when its rows need no
-  // padding (saving a copy in and out), else in a padded buffer.
-  const float* initial = initial_state_of(p, head);
-  float* final_state = final_state_of(p, head);
+  const auto head_of = [&](int64_t g) { return HeadIndex{batch, key_head * group + g, key_head}; };
+  // The states are worked on in final_state's memory when their rows need no
+  // padding (saving a copy in and out), else in padded buffers.
   const bool in_final = dv == vp;
-  float* state = in_final ? final_state : buf.state;
   const int64_t state_stride = in_final ? p.final_state_strides[2] : vp;
-  if (state != initial) {
-    for (int64_t c = 0; c < dk; ++c)
-      std::memcpy(state + c * state_stride, initial + c * p.initial_state_strides[2], dv * sizeof(float));
+  const auto state_of = [&](int64_t g) { return in_final ? final_state_of(p, head_of(g)) : buf.states + g * dk * vp; };
+  for (int64_t g = 0; g < group; ++g) {
+    const float* initial = initial_state_of(p, head_of(g));
+    float* state = state_of(g);
+    if (state != initial) {
+      for (int64_t c = 0; c < dk; ++c)
+        std::memcpy(state + c * state_stride, initial + c * p.initial_state_strides[2], dv * sizeof(float));
+    }
   }
 
-  float* system = buf.scores;                 // -diag(beta) M [C, C], row stride chunk
+  float* system = buf.scores;                        // -diag(beta) M [C, C], row stride chunk
   float* query_scores = buf.scores + chunk * chunk;  // A
   for (int64_t start = 0; start < p.length; start += chunk) {
     const int64_t length = std::min(chunk, p.length - start);
-
-    // Pack the chunk: zero-padded fp32 rows of queries, keys, values, and cumulative gates.
+    // Pack the chunk's zero-padded fp32 query and key rows.
     for (int64_t t = 0; t < length; ++t) {
-      if (start + t + kPrefetchDistance < p.length) prefetch_inputs(p, head, start + t + kPrefetchDistance);
-      load_query_key(p, head, start + t, buf.queries + t * kp, buf.keys + t * kp);
-      load_value(p, head, start + t, buf.values + t * vp);
-      buf.betas[t] = load_beta(p, head, start + t);
+      if (start + t + kPrefetchDistance < p.length) prefetch_query_key(p, head_of(0), start + t + kPrefetchDistance);
+      load_query_key(p, head_of(0), start + t, buf.queries + t * kp, buf.keys + t * kp);
+    }
+    if (!per_channel) key_head_scores(length, buf);
+
+    for (int64_t g = 0; g < group; ++g) {
+      const HeadIndex head = head_of(g);
+      float* state = state_of(g);
+      // This head's values, betas and cumulative gates.
+      for (int64_t t = 0; t < length; ++t) {
+        if (t + kPrefetchDistance < length) prefetch_value(p, head, start + t + kPrefetchDistance);
+        load_value(p, head, start + t, buf.values + t * vp);
+        buf.betas[t] = load_beta(p, head, start + t);
+        if (per_channel) {
+          float* gate = buf.gates + t * kp;
+          load_channel_gates(p, head, start + t, gate);
+          if (t > 0)
+            for (int64_t c = 0; c < dk; ++c) gate[c] += gate[c - kp];
+        } else {
+          buf.gates[t] = load_scalar_gate(p, head, start + t) + (t > 0 ? buf.gates[t - 1] : 0.0f);
+        }
+      }
+      // K~ and Q~ stacked, so that one GEMM gives both against S_0.
+      for (int64_t t = 0; t < length; ++t) {
+        const Vec scalar_decay = broadcast(per_channel ? 0.0f : std::exp(buf.gates[t]));
+        for (int64_t c = 0; c < kp; c += kLanes) {
+          const Vec decay = per_channel ? exp_vec(load(buf.gates + t * kp + c)) : scalar_decay;
+          store(buf.decayed + t * kp + c, load(buf.keys + t * kp + c) * decay);
+          store(buf.decayed + (length + t) * kp + c, load(buf.queries + t * kp + c) * decay);
+        }
+      }
+      gemm(2 * length, vp, dk, buf.decayed, kp, state, state_stride, buf.projected, vp, {});
+      const float* key_state = buf.projected;           // K~ S_0
+      float* query_state = buf.projected + length * vp;  // Q~ S_0
+
       if (per_channel) {
-        float* gate = buf.gates + t * kp;
-        load_channel_gates(p, head, start + t, gate);
-        if (t > 0)
-          for (int64_t c = 0; c < dk; ++c) gate[c] += gate[c - kp];
+        channel_gate_scores(length, buf, system, query_scores);
       } else {
-        buf.gates[t] = load_scalar_gate(p, head, start + t) + (t > 0 ? buf.gates[t - 1] : 0.0f);
+        scalar_gate_scores(length, buf, system, query_scores);
       }
-    }
-    // K~ and Q~ stacked, so that one GEMM gives both against S_0.
-    for (int64_t t = 0; t < length; ++t) {
-      const Vec scalar_decay = broadcast(per_channel ? 0.0f : std::exp(buf.gates[t]));
-      for (int64_t c = 0; c < kp; c += kLanes) {
-        const Vec decay = per_channel ? exp_vec(load(buf.gates + t * kp + c)) : scalar_decay;
-        store(buf.decayed + t * kp + c, load(buf.keys + t * kp + c) * decay);
-        store(buf.decayed + (length + t) * kp + c, load(buf.queries + t * kp + c) * decay);
+
+      // (I + diag(beta) M) U = diag(beta) (V - K~ S_0).
+      for (int64_t t = 0; t < length; ++t) {
+        const Vec beta = broadcast(buf.betas[t]);
+        for (int64_t j = 0; j < vp; j += kLanes)
+          store(buf.updates + t * vp + j, beta * (load(buf.values + t * vp + j) - load(key_state + t * vp + j)));
       }
-    }
-    gemm(2 * length, vp, dk, buf.decayed, kp, state, state_stride, buf.projected, vp, {});
-    const float* key_state = buf.projected;           // K~ S_0
-    float* query_state = buf.projected + length * vp;  // Q~ S_0
+      solve_updates(length, system, buf);
 
-    if (per_channel) {
-      channel_gate_scores(length, buf, system, query_scores);
-    } else {
-      scalar_gate_scores(length, buf, system, query_scores);
-    }
+      // O = Q~ S_0 + A U.
+      gemm(length, vp, length, query_scores, chunk, buf.updates, vp, query_state, vp, {true}, Triangle::Left);
+      for (int64_t t = 0; t < length; ++t) store_output(p, head, start + t, query_state + t * vp);
 
-    // (I + diag(beta) M) U = diag(beta) (V - K~ S_0).
-    for (int64_t t = 0; t < length; ++t) {
-      const Vec beta = broadcast(buf.betas[t]);
-      for (int64_t j = 0; j < vp; j += kLanes)
-        store(buf.updates + t * vp + j, beta * (load(buf.values + t * vp + j) - load(key_state + t * vp + j)));
-    }
-    solve_updates(length, system, buf);
-
-    // O = Q~ S_0 + A U.
-    gemm(length, vp, length, query_scores, chunk, buf.updates, vp, query_state, vp, {true}, Triangle::Left);
-    for (int64_t t = 0; t < length; ++t) store_output(p, head, start + t, query_state + t * vp);
-
-    // S_C = exp(G_C) S_0 + K'^T U, K'_s = k_s exp(G_C - G_s). GDA keeps K^T
-    // from the scores and puts the per-token factor on U's rows instead.
-    if (per_channel) {
-      const float* last_gate = buf.gates + (length - 1) * kp;
-      for (int64_t s = 0; s < length; ++s)
-        for (int64_t c = 0; c < kp; c += kLanes)
-          store(buf.decayed + s * kp + c,
-                load(buf.keys + s * kp + c) * exp_vec(load(last_gate + c) - load(buf.gates + s * kp + c)));
-      transpose(length, dk, buf.decayed, kp, buf.keys_t, chunk);
-      for (int64_t c = 0; c < dk; ++c) buf.last_decay[c] = std::exp(last_gate[c]);
-    } else {
-      const float last_gate = buf.gates[length - 1];
-      for (int64_t s = 0; s < length; ++s) {
-        const Vec decay = broadcast(std::exp(last_gate - buf.gates[s]));
-        for (int64_t j = 0; j < vp; j += kLanes) store(buf.updates + s * vp + j, load(buf.updates + s * vp + j) * decay);
+      // S_C = exp(G_C) S_0 + K'^T U, K'_s = k_s exp(G_C - G_s). GDA keeps K^T
+      // from the scores and puts the per-token factor on U's rows instead.
+      if (per_channel) {
+        const float* last_gate = buf.gates + (length - 1) * kp;
+        for (int64_t s = 0; s < length; ++s)
+          for (int64_t c = 0; c < kp; c += kLanes)
+            store(buf.decayed + s * kp + c,
+                  load(buf.keys + s * kp + c) * exp_vec(load(last_gate + c) - load(buf.gates + s * kp + c)));
+        transpose(length, dk, buf.decayed, kp, buf.keys_t, chunk);
+        for (int64_t c = 0; c < dk; ++c) buf.last_decay[c] = std::exp(last_gate[c]);
+      } else {
+        const float last_gate = buf.gates[length - 1];
+        for (int64_t s = 0; s < length; ++s) {
+          const Vec decay = broadcast(std::exp(last_gate - buf.gates[s]));
+          for (int64_t j = 0; j < vp; j += kLanes) store(buf.updates + s * vp + j, load(buf.updates + s * vp + j) * decay);
+        }
+        std::fill(buf.last_decay, buf.last_decay + dk, std::exp(last_gate));
       }
-      std::fill(buf.last_decay, buf.last_decay + dk, std::exp(last_gate));
+      gemm(dk, vp, length, buf.keys_t, chunk, buf.updates, vp, state, state_stride, {true, buf.last_decay});
     }
-    gemm(dk, vp, length, buf.keys_t, chunk, buf.updates, vp, state, state_stride, {true, buf.last_decay});
   }
 
   if (!in_final) {
-    for (int64_t c = 0; c < dk; ++c)
-      std::memcpy(final_state + c * p.final_state_strides[2], state + c * vp, dv * sizeof(float));
+    for (int64_t g = 0; g < group; ++g) {
+      float* final_state = final_state_of(p, head_of(g));
+      for (int64_t c = 0; c < dk; ++c)
+        std::memcpy(final_state + c * p.final_state_strides[2], state_of(g) + c * vp, dv * sizeof(float));
+    }
   }
 }
 
 }  // namespace
 
 void gated_delta_rule(const GatedDeltaRuleProblem& p, const ParallelFor& parallel_for) {
-  const int64_t num_heads = p.batch * p.num_v_heads;
   const int64_t group = p.num_v_heads / p.num_k_heads;
   const bool chunked = p.length >= kChunkedMinLength;
-  // Per-channel gates cost an exp per key channel and token pair, so their chunks are shorter.
-  const int64_t chunk_size = p.per_channel_gate ? 32 : 64;
-  // Threads take heads one at a time from a shared counter instead of fixed
+  // The chunked form runs a key head's value heads together (they share its
+  // queries and keys); token by token, every value head is a unit of its own.
+  const int64_t num_units = chunked ? p.batch * p.num_k_heads : p.batch * p.num_v_heads;
+  // Threads take units one at a time from a shared counter instead of fixed
   // ranges: one slowed down (by another process, or on a slower core) then
-  // takes fewer heads rather than holding up the call. The range each worker
+  // takes fewer units rather than holding up the call. The range each worker
   // is handed only tells it to join in.
-  std::atomic<int64_t> next_head{0};
-  parallel_for(0, num_heads, [&](int64_t, int64_t) {
+  std::atomic<int64_t> next_unit{0};
+  parallel_for(0, num_units, [&](int64_t, int64_t) {
     std::vector<float> scratch;
     std::unique_ptr<ChunkBuffers> buffers;
-    for (int64_t index = next_head++; index < num_heads; index = next_head++) {
-      const int64_t value_head = index % p.num_v_heads;
-      const HeadIndex head{index / p.num_v_heads, value_head, value_head / group};
+    for (int64_t index = next_unit++; index < num_units; index = next_unit++) {
       if (chunked) {
-        if (!buffers) buffers = std::make_unique<ChunkBuffers>(chunk_size, p.key_dim, p.value_dim);
-        chunked_head(p, head, *buffers);
+        if (!buffers) buffers = std::make_unique<ChunkBuffers>(kChunk, p.key_dim, p.value_dim, group);
+        chunked_group(p, index / p.num_k_heads, index % p.num_k_heads, *buffers);
       } else {
-        recurrent_head(p, head, scratch);
+        const int64_t value_head = index % p.num_v_heads;
+        recurrent_head(p, HeadIndex{index / p.num_v_heads, value_head, value_head / group}, scratch);
       }
     }
   });

@@ -6,6 +6,7 @@ tests cover what the table does not.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ import torch
 from gdn_export.ops import contract, reference, runtime_ops_available
 from gdn_export.ops.conformance import OpCase, make_inputs, relative_error
 from runtime_ops import loader
+from runtime_ops.build import ATEN_LIBRARY_NAME
 from tests.conformance.runtime_ops_implementations import export_program
 
 
@@ -51,6 +53,44 @@ def test_out_in_place_matches_functional(length, gate):
     )
     assert relative_error(output, reference_output) <= case.tolerance, f"seed {seed}"
     assert relative_error(state, reference_state) <= case.tolerance, f"seed {seed}"
+
+
+@pytest.mark.parametrize("length", [1, 3, 40])  # token by token, and the chunked form
+@pytest.mark.parametrize("gate", ["scalar", "per_channel"])
+@pytest.mark.parametrize("key_dim, value_dim", [(5, 7), (20, 150)])
+def test_head_dims_off_the_vector_width(length, gate, key_dim, value_dim):
+    """Dv not a multiple of the vector width: the decode passes' leftover columns, the chunked form's padded states."""
+    case, inputs, seed = fresh_inputs(
+        length=length, gate=gate, key_dim=key_dim, value_dim=value_dim, num_k_heads=2, num_v_heads=6
+    )
+    args = inputs.as_args()
+    output, final_state = torch.ops.gdn.gated_delta_rule(*args[:5], args[5], use_qk_l2norm=True)
+    reference_output, reference_state = reference.recurrent_gated_delta_rule(
+        *[t.double() for t in args], use_qk_l2norm=True
+    )
+    assert relative_error(output, reference_output) <= case.tolerance, f"seed {seed}"
+    assert relative_error(final_state, reference_state) <= case.tolerance, f"seed {seed}"
+    state = args[5].clone()
+    in_place_output = torch.empty_like(args[2])
+    torch.ops.gdn.gated_delta_rule.out(
+        *args[:5], state, use_qk_l2norm=True, output=in_place_output, final_state=state
+    )
+    assert torch.equal(in_place_output, output), f"seed {seed}"
+    assert torch.equal(state, final_state), f"seed {seed}"
+
+
+def test_eager_kernel_is_built_with_torchs_openmp():
+    """at::parallel_for is a header template: compiled without OpenMP it runs every head on the calling thread."""
+    if "ATen parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("this torch does not thread with OpenMP")
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm (binutils) is not installed")
+    aten_library = loader.library_path().with_name(ATEN_LIBRARY_NAME)
+    undefined = subprocess.run(
+        [nm, "-D", "--undefined-only", str(aten_library)], capture_output=True, text=True, check=True
+    ).stdout
+    assert "GOMP_parallel" in undefined, f"{aten_library} does not call OpenMP: rebuild with python -m runtime_ops.build"
 
 
 def test_out_with_strided_state_and_output():
