@@ -200,12 +200,13 @@ def eager_step_logits(model, prompt_ids, continuation):
     "quantize, lowering_error, max_quantization_error",
     # lowering_error bounds max |program - eager quantized model| relative to the
     # logits' range (XNNPACK's int8 activation rounding differs slightly from
-    # torchao's reference). max_quantization_error bounds the program's distance to
+    # torchao's reference; for 8da4w, 0.017 to 0.031 over fresh prompts, so 0.06 leaves
+    # the tail room). max_quantization_error bounds the program's distance to
     # unquantized transformers over 16 teacher-forced steps, relative to the spread of
     # transformers' logits; measured on tiny random models: int8wo about 0.03, 8da4w
     # about 0.45 (4-bit groups of 32 on 64-wide layers), where unrelated logits give ~1.4.
     # (Argmax agreement is no measure here: a random model's top logits are near ties.)
-    [("int8wo", 1e-4, 0.1), ("8da4w", 0.03, 0.8)],
+    [("int8wo", 1e-4, 0.1), ("8da4w", 0.06, 0.8)],
 )
 def test_quantized_programs_stay_close(exported, quantize, lowering_error, max_quantization_error):
     from gdn_export import load_qwen35, rewrite
