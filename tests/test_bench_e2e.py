@@ -111,6 +111,17 @@ def test_report_ratios_and_floor_checks():
     assert f"| {2.5 * hf_decode / 12.0:.2f} |" in ours_row
     assert "floor 12.00 tok/s" in table and "45.0 GB/s: 15.00 tok/s" in table
 
+    interleaved_ours, interleaved_et = (float(v) for v in 5 + 10 * torch.rand(2, generator=generator))
+    results["interleaved_decode"] = {
+        "systems": {"ours": {"decode_tok_s": interleaved_ours}, "executorch": {"decode_tok_s": interleaved_et}},
+        "rounds": 8, "steps": 4, "measured_at": "t",
+    }
+    table = e2e.report(results, {}, floor, (128, 512))
+    expected = interleaved_ours / interleaved_et
+    assert f"interleaved decode ours / executorch: {expected:.2f}x (floor 1.2x: {'met' if expected >= 1.2 else 'NOT met'})" \
+        in table
+    assert f"| {e2e.SYSTEM_LABELS['ours']} | {e2e.format_rate(interleaved_ours)} |" in table
+
 
 def test_bad_flags_are_rejected():
     import argparse
@@ -118,6 +129,7 @@ def test_bad_flags_are_rejected():
     parser = argparse.ArgumentParser()
     e2e.add_arguments(parser)
     assert parser.parse_args(["--only", "hf,ours", "--prompts", "16,32"]).only == ("hf", "ours")
-    for flags in (["--only", "hf,llama"], ["--prompts", "0"], ["--prompts", "a"]):
+    assert parser.parse_args(["--interleave", ""]).interleave == ()
+    for flags in (["--only", "hf,llama"], ["--prompts", "0"], ["--prompts", "a"], ["--interleave", "ours,llama"]):
         with pytest.raises(SystemExit):
             parser.parse_args(flags)

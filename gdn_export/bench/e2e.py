@@ -354,6 +354,16 @@ def time_session(session, plan: Plan) -> dict:
     }
 
 
+def open_session(system: str, artifact: str):
+    if system == "hf":
+        return HFSession(Path(artifact))
+    if system == "executorch":
+        return ExecuTorchFlowSession(Path(artifact))
+    from gdn_export.runner import ProgramRunner
+
+    return ProgramRunner(artifact)
+
+
 def measure(system: str, artifact: str, plan: Plan) -> dict:
     """Load one system and time it (runs in a fresh interpreter)."""
     # The machine is shared: the 1-minute load average says how quiet it was.
@@ -365,14 +375,7 @@ def measure(system: str, artifact: str, plan: Plan) -> dict:
     torch.set_num_threads(plan.threads)
     _unsafe_reset_threadpool(plan.threads)
     started = time.perf_counter()
-    if system == "hf":
-        session = HFSession(Path(artifact))
-    elif system == "executorch":
-        session = ExecuTorchFlowSession(Path(artifact))
-    else:
-        from gdn_export.runner import ProgramRunner
-
-        session = ProgramRunner(artifact)
+    session = open_session(system, artifact)
     load_seconds = time.perf_counter() - started
     log(f"  loaded in {load_seconds:.1f} s")
     timings = time_session(session, plan)
@@ -385,6 +388,64 @@ def measure(system: str, artifact: str, plan: Plan) -> dict:
 def measure_in_child(system: str, artifact: Path, plan: Plan) -> dict:
     with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
         return pool.submit(measure, system, str(artifact), plan).result()
+
+
+# ---------------------------------------------------------------------------
+# Interleaved decode: the machine's memory bandwidth drifts by tens of percent
+# over minutes, and decode is bound by it, so two systems timed one after the
+# other can differ by the drift alone. Here each system lives in its own process,
+# all loaded at once, and they take turns: a few decode steps each, round after
+# round, while the others wait.
+
+
+def decode_turns(system: str, artifact: str, plan: Plan, connection) -> None:
+    """Child: load, prefill the first prompt, then run the decode steps each turn asks for and send their times."""
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+    torch.set_num_threads(plan.threads)
+    _unsafe_reset_threadpool(plan.threads)
+    session = open_session(system, artifact)
+    generator = torch.Generator().manual_seed(plan.seed)
+    session.reset()
+    logits = session.feed(torch.randint(0, plan.vocab_size, (plan.prompts[0],), generator=generator).tolist())
+    connection.send("ready")
+    while (steps := connection.recv()) is not None:
+        times = []
+        for _ in range(steps):
+            token = int(logits.argmax())
+            started = time.perf_counter()
+            logits = session.feed([token])
+            times.append(1e3 * (time.perf_counter() - started))
+        connection.send(times)
+
+
+def interleaved_decode(artifacts: dict, plan: Plan, rounds: int, steps: int) -> dict:
+    """Median decode step (ms) and tok/s of each system, the systems taking turns of ``steps`` steps."""
+    context = get_context("spawn")
+    workers = {}
+    try:
+        for system, artifact in artifacts.items():  # one load at a time: the peaks of memory do not add up
+            parent, child = context.Pipe()
+            process = context.Process(target=decode_turns, args=(system, str(artifact), plan, child))
+            process.start()
+            workers[system] = (process, parent)
+            if parent.recv() != "ready":
+                raise RuntimeError(f"interleaved decode: {system} did not start")
+            log(f"  interleaved decode: {system} loaded")
+        times = {system: [] for system in artifacts}
+        for _ in range(rounds):
+            for system, (_, connection) in workers.items():
+                connection.send(steps)
+                times[system] += connection.recv()
+    finally:
+        for process, connection in workers.values():
+            if process.is_alive():
+                connection.send(None)
+                process.join(timeout=60)
+    return {
+        system: {"decode_tok_s": 1e3 / statistics.median(steps_ms), "decode_steps_ms": [round(v, 2) for v in steps_ms]}
+        for system, steps_ms in times.items()
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -476,6 +537,23 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple) -> str:
         shown = "-" if value is None else f"{value:.2f}x"
         met = "-" if value is None else "yes" if value >= least else "NO"
         lines.append(f"| {measure_name}: {numerator} / {denominator} | {shown} | {least}x | {met} |")
+    interleaved = results.get("interleaved_decode")
+    if interleaved:
+        systems = [system for system in SYSTEMS if system in interleaved["systems"]]
+        lines += [
+            "",
+            f"Decode interleaved ({interleaved['rounds']} rounds of {interleaved['steps']} steps, the systems taking "
+            f"turns; {interleaved['measured_at']}):",
+            "",
+            "| system | decode tok/s (median step) |",
+            "|---|---|",
+        ]
+        lines += [f"| {SYSTEM_LABELS[s]} | {format_rate(interleaved['systems'][s]['decode_tok_s'])} |" for s in systems]
+        for numerator, denominator, measure_name, least in TARGETS:
+            if measure_name == "decode" and {numerator, denominator} <= set(systems):
+                value = interleaved["systems"][numerator]["decode_tok_s"] / interleaved["systems"][denominator]["decode_tok_s"]
+                lines.append(f"\ninterleaved decode {numerator} / {denominator}: {value:.2f}x "
+                             f"(floor {least}x: {'met' if value >= least else 'NOT met'})")
     if builds:
         lines += [
             "",
@@ -544,8 +622,12 @@ def _systems(text: str) -> tuple:
     names = tuple(part.strip() for part in text.split(",") if part.strip())
     unknown = sorted(set(names) - set(SYSTEMS))
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"--only takes names from {', '.join(SYSTEMS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"takes names from {', '.join(SYSTEMS)}, got {text!r}")
     return names
+
+
+def _optional_systems(text: str) -> tuple:
+    return _systems(text) if text.strip() else ()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -563,6 +645,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="threads for every system (default: the CPU count, %(default)s); on a busy machine "
                              "fewer threads than cores avoids threads waiting on each other")
     parser.add_argument("--seed", type=int, default=0, help="weights and prompt tokens (default %(default)s)")
+    parser.add_argument("--interleave", type=_optional_systems, default=("ours", "executorch"),
+                        help="systems whose decode is also timed in turns, all loaded at once, among those of --only "
+                             "(default %(default)s; an empty string skips it)")
+    parser.add_argument("--interleave-rounds", type=int, default=8, help="turns per system (default %(default)s)")
     parser.add_argument("--build-only", action="store_true", help="build the artifacts, time nothing")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG bar plot here (needs matplotlib)")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables here as markdown")
@@ -571,6 +657,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     if args.decode_steps < 1:
         raise ValueError(f"--decode-steps must be >= 1, got {args.decode_steps}")
+    if args.interleave_rounds < 1:
+        raise ValueError(f"--interleave-rounds must be >= 1, got {args.interleave_rounds}")
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.plot is not None and args.plot.suffix != ".png":
@@ -603,9 +691,20 @@ def run(args) -> int:
         plan = Plan(tuple(prompts), args.decode_steps, vocab_size, args.seed, args.threads)
         results[system] = {**measure_in_child(system, artifacts[system], plan), "measured_at": stamp}
         write_json(workdir.results_path, results)
+    interleave = [system for system in args.interleave if system in args.only]
+    if len(interleave) >= 2 and not args.build_only:
+        log(f"decode interleaved: {', '.join(interleave)}, {args.interleave_rounds} rounds of 4 steps")
+        plan = Plan(tuple(args.prompts[:1]), 4, vocab_size, args.seed, args.threads)
+        results["interleaved_decode"] = {
+            "systems": interleaved_decode({s: artifacts[s] for s in interleave}, plan, args.interleave_rounds, 4),
+            "rounds": args.interleave_rounds, "steps": 4, "measured_at": time.strftime("%Y-%m-%d %H:%M"),
+        }
+        write_json(workdir.results_path, results)
     if not floor:
         return 0
     systems = {s: results[s] for s in SYSTEMS if s in results}
+    if "interleaved_decode" in results:
+        systems["interleaved_decode"] = results["interleaved_decode"]
     table = report(systems, workdir.builds(), floor, args.prompts)
     print(table)
     if args.markdown is not None:
