@@ -83,13 +83,7 @@ void run(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value
   if (in_place && !target.is_same(final_state)) target.copy_(initial);
 
   GatedDeltaRuleProblem problem;
-  problem.batch = query.size(0);
-  problem.length = query.size(1);
-  problem.num_k_heads = query.size(2);
-  problem.key_dim = query.size(3);
-  problem.num_v_heads = value.size(2);
-  problem.value_dim = value.size(3);
-  problem.per_channel_gate = g.dim() == 4;
+  problem.set_sizes(query, value, g);
   problem.use_qk_l2norm = use_qk_l2norm;
   problem.scale = static_cast<float>(scale.has_value() ? *scale : 1.0 / std::sqrt(double(problem.key_dim)));
   problem.query = view_of(query);

@@ -102,13 +102,7 @@ void run(KernelRuntimeContext& ctx, const Tensor& query, const Tensor& key, cons
                       "gdn.gated_delta_rule.out: states need unit stride along Dv");
 
   GatedDeltaRuleProblem problem;
-  problem.batch = query.size(0);
-  problem.length = query.size(1);
-  problem.num_k_heads = query.size(2);
-  problem.key_dim = query.size(3);
-  problem.num_v_heads = value.size(2);
-  problem.value_dim = value.size(3);
-  problem.per_channel_gate = g.dim() == 4;
+  problem.set_sizes(query, value, g);
   problem.use_qk_l2norm = use_qk_l2norm;
   problem.scale =
       static_cast<float>(scale.isNone() ? 1.0 / std::sqrt(double(problem.key_dim)) : scale.toDouble());

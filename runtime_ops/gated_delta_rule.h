@@ -43,6 +43,19 @@ struct GatedDeltaRuleProblem {
   // [B, T, Hv, Dv] in value's element type.
   void* output = nullptr;
   int64_t output_strides[4] = {0, 0, 0, 0};
+
+  // The sizes and the gate's kind, from checked query [B, T, Hk, Dk], value
+  // [B, T, Hv, Dv] and g; Tensor is ATen's or ExecuTorch's (size(), dim()).
+  template <class Tensor>
+  void set_sizes(const Tensor& query, const Tensor& value, const Tensor& g) {
+    batch = query.size(0);
+    length = query.size(1);
+    num_k_heads = query.size(2);
+    key_dim = query.size(3);
+    num_v_heads = value.size(2);
+    value_dim = value.size(3);
+    per_channel_gate = g.dim() == 4;
+  }
 };
 
 // Runs body(begin, end) over [begin, end) split across the caller's threads.
