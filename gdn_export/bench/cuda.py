@@ -8,8 +8,10 @@ reads from DRAM as it would in a model; the figure is graph time / calls.
 
 * decode (T = 1) at each ``--batches``: ours (the fused op: split, norm, gating
   and recurrence, state in place; and the unfused op, state in place),
-  ExecuTorch 1.5.1 ``fused_deltanet_decode``, fla-core ``fused_recurrent_gated_delta_rule``
-  and the copy floor (a device-to-device copy of the state bytes, read + write);
+  ExecuTorch 1.5.1 ``fused_deltanet_decode`` (alone, and followed by the state
+  copy-back its Qwen3.5 model does, since the kernel writes a fresh state tensor),
+  fla-core ``fused_recurrent_gated_delta_rule`` and the copy floor (a
+  device-to-device copy of the state bytes, read + write);
 * prefill (B = 1) at each ``--lengths``: ours (chunked kernels, fused and
   unfused), fla-core ``chunk_gated_delta_rule``, ExecuTorch's ``chunk_gated_delta_rule``
   (fla's kernels behind a triton_op; it takes Hv heads of q/k, so they are repeated
@@ -31,7 +33,9 @@ from pathlib import Path
 
 NUM_K_HEADS, NUM_V_HEADS, HEAD_DIM = 16, 32, 128
 ROTATION_BYTES_OVER_L2 = 4  # rotate through this many times the L2 size
-DECODE_SWEEP = ((16, 2), (32, 4), (64, 4), (64, 8), (128, 8))  # (value block, warps) for --sweep
+DECODE_SWEEP = (  # (value block, warps) for --sweep
+    (8, 1), (16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4), (64, 8), (128, 4), (128, 8),
+)
 # Overrides of the chunked kernels' launch shape for --chunked-sweep (see cuda_backend.triton_ops._chunked_launch).
 # Timed after the anchors, so a variant that faults cannot cost the table its references.
 CHUNKED_SWEEP = (
@@ -135,6 +139,48 @@ def _decode_implementations(sweep: bool):
 
         for value_block, num_warps in DECODE_SWEEP:
             impls[f"ours: fused decode BV={value_block} warps={num_warps}"] = tuned(value_block, num_warps)
+
+        def to_one_buffer(x):
+            # What ExecuTorch's kernel does under a CUDA graph: the new state goes to the
+            # same pool address every launch, so at small B its writes can stay in L2.
+            _, query, key, value = split_heads(x["mixed_qkv"], x["state"])
+            destination = _shared_buffer(x["state"])
+            return lambda: run_recurrent(
+                query, key, value, x["a"], x["b"], x["state"], destination, x["output"],
+                scale=HEAD_DIM ** -0.5, use_qk_l2norm=True, a_log=x["A_log"], dt_bias=x["dt_bias"],
+            )
+
+        impls["ours: fused decode, new state to one shared buffer (diagnostic)"] = to_one_buffer
+
+        def executorch_to_own_buffer(x):
+            # ExecuTorch's kernel with its new state sent to a buffer of this input set
+            # (the DRAM traffic of an in-place update), launched the way its op launches it.
+            import importlib
+
+            import triton
+
+            module = importlib.import_module("executorch.backends.cuda.triton.kernels.fused_deltanet_decode")
+            qkv, alpha, beta_raw, state = x["mixed_qkv"][:, 0], x["a"][:, 0], x["b"][:, 0], x["state"]
+            batch, heads, key_dim, value_dim = state.shape
+            destination, output = torch.empty_like(state), torch.empty(batch, heads, value_dim, device=state.device)
+            key_channels = (qkv.shape[1] - heads * value_dim) // 2
+
+            def grid(meta):
+                return (batch * heads, triton.cdiv(value_dim, meta["BLOCK_V"]))
+
+            return lambda: module._fused_deltanet_decode_kernel[grid](
+                qkv, alpha, beta_raw, x["A_log"], x["dt_bias"], state, destination, output,
+                K=key_dim, V_DIM=value_dim, KEY_DIM=key_channels, V_PER_K=heads // (key_channels // key_dim),
+                SCALE=key_dim ** -0.5, L2_EPS=1e-6,
+                stride_qkv_b=qkv.stride(0), stride_ab=alpha.stride(0), stride_bb=beta_raw.stride(0),
+                stride_s_b=state.stride(0), stride_s_h=state.stride(1), stride_s_k=state.stride(2),
+                stride_s_v=state.stride(3), stride_ob=output.stride(0), stride_oh=output.stride(1),
+                stride_ov=output.stride(2),
+            )
+
+        impls["ExecuTorch 1.5.1 decode kernel, new state to this set's own buffer (diagnostic)"] = (
+            executorch_to_own_buffer
+        )
     impls["ours: gated_delta_rule (in place)"] = lambda x: (
         lambda: torch.ops.gdn_cuda.gated_delta_rule(
             x["query"], x["key"], x["value"], x["g"], x["beta"], x["state"], x["output"], x["state"], None, True
@@ -148,6 +194,21 @@ def _decode_implementations(sweep: bool):
         return lambda: fused_deltanet_decode(qkv, alpha, beta_raw, x["A_log"], x["dt_bias"], x["state"])
 
     impls["ExecuTorch 1.5.1 fused_deltanet_decode"] = executorch
+
+    def executorch_with_copy_back(x):
+        # ExecuTorch's Qwen3.5 model copies the returned state into its state buffer.
+        from executorch.backends.cuda.triton.kernels.fused_deltanet_decode import fused_deltanet_decode
+
+        qkv, alpha, beta_raw = x["mixed_qkv"][:, 0], x["a"][:, 0], x["b"][:, 0]
+
+        def call():
+            output, new_state = fused_deltanet_decode(qkv, alpha, beta_raw, x["A_log"], x["dt_bias"], x["state"])
+            x["state"].copy_(new_state)
+            return output
+
+        return call
+
+    impls["ExecuTorch 1.5.1 fused_deltanet_decode + state copy-back (as its model runs it)"] = executorch_with_copy_back
 
     def fla(x):
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
@@ -246,6 +307,19 @@ def _prefill_implementations(sweep: bool = False):
     return impls
 
 
+_SHARED_BUFFERS: dict = {}
+
+
+def _shared_buffer(like):
+    """One buffer per shape and dtype, the same for every input set (see ``to_one_buffer``)."""
+    import torch
+
+    key = (tuple(like.shape), like.dtype)
+    if key not in _SHARED_BUFFERS:
+        _SHARED_BUFFERS[key] = torch.empty_like(like)
+    return _SHARED_BUFFERS[key]
+
+
 def _input_bytes(inputs: dict) -> int:
     return sum(t.numel() * t.element_size() for t in inputs.values())
 
@@ -270,6 +344,7 @@ def _measure(kind: str, sizes, make_inputs, implementations, args, l2_bytes) -> 
             print(f"{kind} {size}: {name}: {row[name]}", flush=True)
         results[size] = row
         del sets, first
+        _SHARED_BUFFERS.clear()
         torch.cuda.empty_cache()
     return results
 
@@ -311,6 +386,18 @@ def _plot(path: Path, decode: dict, prefill: dict) -> None:
     figure.savefig(path, dpi=110)
 
 
+def _print_executorch_decode_config() -> None:
+    """The launch shape ExecuTorch's autotuner settled on (one key for every B here)."""
+    import importlib
+
+    try:  # the package re-exports the op under the module's name, so go through importlib
+        module = importlib.import_module("executorch.backends.cuda.triton.kernels.fused_deltanet_decode")
+    except ImportError:
+        return
+    config = getattr(getattr(module, "_fused_deltanet_decode_kernel", None), "best_config", None)
+    print(f"ExecuTorch fused_deltanet_decode autotuned to: {config}", flush=True)
+
+
 def run(args) -> int:
     import torch
 
@@ -328,6 +415,7 @@ def run(args) -> int:
     print(f"{properties.name}, {properties.multi_processor_count} SMs, L2 {l2_bytes / 2**20:.0f} MiB, "
           f"torch {torch.__version__}", flush=True)
     decode = _measure("decode B", batches, _decode_inputs, _decode_implementations(args.sweep), args, l2_bytes)
+    _print_executorch_decode_config()
     prefill = _measure("prefill T", lengths, _prefill_inputs, _prefill_implementations(getattr(args, "chunked_sweep", False)), args, l2_bytes)
     markdown = (
         f"Device: {properties.name}; torch {torch.__version__}; microseconds per layer call "
