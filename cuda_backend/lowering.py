@@ -3,15 +3,11 @@
 The ``gdn_cuda`` ops in the graph are ``triton_op``s: AOTInductor compiles
 their Triton kernels into the delegate, so the program needs no custom-op
 library at run time. CudaBackend keeps the weights out of the ``.pte``, in a
-``.ptd`` data file written next to it.
+``.ptd`` data file (``gdn_export.export`` writes both).
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Optional, Union
 
 import torch
@@ -39,13 +35,11 @@ def lower_to_cuda(
     program: Union[torch.export.ExportedProgram, dict],
     *,
     metadata: Optional[dict] = None,
-    output: Optional[Union[str, Path]] = None,
 ):
     """Lower ``program`` (one ExportedProgram, or ``{method name: ExportedProgram}``).
 
-    Returns ``(ExecutorchProgramManager, data files)``; the caller writes the
-    ``.pte``. With ``output`` (the ``.pte`` path) the ``.ptd`` weights are
-    written beside it, each atomically, and listed in the returned data files.
+    Returns the ExecutorchProgramManager; the caller writes its ``.pte`` and
+    ``.ptd`` (``gdn_export.export.write_program``).
     """
     check_lowering_prerequisites()
     import cuda_backend  # noqa: F401  (defines the gdn_cuda triton ops the graph calls)
@@ -78,8 +72,7 @@ def lower_to_cuda(
             memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
         )
     )
-    data_files = write_data_files(manager, Path(output).parent) if output is not None else []
-    return manager, data_files
+    return manager
 
 
 def depthwise_conv1d_as_products(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
@@ -108,20 +101,3 @@ def cuda_decompositions() -> dict:
     table = torch.export.default_decompositions()
     table[torch.ops.aten.convolution.default] = depthwise_conv1d_as_products
     return table
-
-
-def write_data_files(manager, directory: Path) -> list[Path]:
-    """Write the manager's ``.ptd`` files into ``directory`` (temp folder, then rename each)."""
-    if not manager._tensor_data:
-        return []
-    directory.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=directory, prefix=".ptd-"))
-    try:
-        manager.write_tensor_data_to_file(str(staging))
-        written = []
-        for file in sorted(staging.iterdir()):
-            os.replace(file, directory / file.name)
-            written.append(directory / file.name)
-        return written
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -191,7 +192,7 @@ def export_program(model, request: ExportRequest) -> torch.export.ExportedProgra
 
 
 def lower(program: torch.export.ExportedProgram, request: ExportRequest, metadata: dict):
-    """Edge program lowered for the backend; returns (ExecutorchProgramManager, data files)."""
+    """Edge program lowered for the backend (an ExecutorchProgramManager)."""
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
     from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
@@ -199,11 +200,11 @@ def lower(program: torch.export.ExportedProgram, request: ExportRequest, metadat
     if request.backend == "cuda":
         from cuda_backend.lowering import lower_to_cuda
 
-        return lower_to_cuda(program, metadata=metadata, output=request.output)
+        return lower_to_cuda(program, metadata=metadata)
     if request.backend == "metal":
         from metal_backend.lowering import lower_to_metal
 
-        return lower_to_metal(program, metadata=metadata, output=request.output)
+        return lower_to_metal(program, metadata=metadata)
 
     compile_config = EdgeCompileConfig(_check_ir_validity=False)
     if request.backend == "xnnpack":
@@ -223,7 +224,7 @@ def lower(program: torch.export.ExportedProgram, request: ExportRequest, metadat
         sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(),
         run_reinplace_pass=True,
     )
-    return edge.to_executorch(backend_config), []
+    return edge.to_executorch(backend_config)
 
 
 def count_delegated_nodes(manager) -> tuple[int, int]:
@@ -253,6 +254,29 @@ def write_atomically(path: Path, write: Callable[[object], None]) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def write_program(manager, output: Path) -> list[Path]:
+    """Write the ``.pte`` and any ``.ptd`` weight files beside it; returns the ``.ptd`` paths.
+
+    CudaBackend and MetalBackend keep the weights in ``.ptd`` files. Everything is
+    written into a hidden folder beside ``output`` first and renamed into place
+    only once all of it is complete (the ``.pte``, which names the others, last),
+    so a failure leaves no file behind.
+    """
+    staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
+    try:
+        if getattr(manager, "_tensor_data", None):
+            manager.write_tensor_data_to_file(str(staging))
+        data_files = sorted(staging.iterdir())
+        with open(staging / output.name, "wb") as handle:
+            manager.write_to_file(handle)
+        for staged in data_files:
+            os.replace(staged, output.parent / staged.name)
+        os.replace(staging / output.name, output)
+        return [output.parent / staged.name for staged in data_files]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def export_qwen35(
@@ -295,9 +319,9 @@ def export_qwen35(
     step(f"exporting forward(tokens[1, 1..{request.prefill_chunk}], input_pos[1])")
     program = export_program(model, request)
     step(f"lowering for {request.backend}")
-    manager, data_files = lower(program, request, metadata)
+    manager = lower(program, request, metadata)
     step(f"serializing to {request.output}")
-    write_atomically(request.output, manager.write_to_file)
+    data_files = write_program(manager, request.output)
     delegated, total = count_delegated_nodes(manager)
     return ExportSummary(
         output=request.output,

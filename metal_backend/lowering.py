@@ -15,10 +15,7 @@ tools; elsewhere ``lower_to_metal`` raises a clear error before doing anything.
 from __future__ import annotations
 
 import contextlib
-import os
 import platform
-import tempfile
-from pathlib import Path
 from typing import Optional
 
 import torch
@@ -107,28 +104,12 @@ def check_head_dims(program: torch.export.ExportedProgram) -> None:
             )
 
 
-def _write_data_files(manager, output: Optional[Path]) -> list:
-    """Write the program's external weight files (.ptd) next to ``output``, each atomically."""
-    if not getattr(manager, "_tensor_data", None) or output is None:
-        return []
-    folder = Path(output).parent
-    written = []
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".metal-data-") as staging:
-        manager.write_tensor_data_to_file(staging)
-        for partial in sorted(Path(staging).iterdir()):
-            target = folder / partial.name
-            os.replace(partial, target)
-            written.append(target)
-    return written
-
-
-def lower_to_metal(program, *, metadata: Optional[dict] = None, output=None):
+def lower_to_metal(program, *, metadata: Optional[dict] = None):
     """Lower ``program`` (one ExportedProgram, or ``{method name: ExportedProgram}``) for Apple GPUs.
 
-    Returns ``(ExecutorchProgramManager, data files)``; the caller writes the
-    ``.pte``. With ``output`` (the ``.pte`` path) the ``.ptd`` weights are
-    written beside it, each atomically. Raises RuntimeError off macOS (nothing
-    is written) and ValueError for head dims the Metal kernels do not cover.
+    Returns the ExecutorchProgramManager; the caller writes its ``.pte`` and
+    ``.ptd`` (``gdn_export.export.write_program``). Raises RuntimeError off macOS
+    and ValueError for head dims the Metal kernels do not cover.
     """
     reason = unavailable_reason()
     if reason is not None:
@@ -161,4 +142,4 @@ def lower_to_metal(program, *, metadata: Optional[dict] = None, output=None):
                 memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
             )
         )
-    return manager, _write_data_files(manager, output)
+    return manager

@@ -253,15 +253,19 @@ def llm_program(tmp_path_factory, qwen_tokenizer, seed):
     # then the EOS is one it never produces and the run ends at the budget.
     eager = eager_greedy(model, prompt_ids, MAX_NEW_TOKENS - 2)
     fresh = [i for i in range(3, len(eager)) if eager[i] not in eager[:i]]
-    unused = next(i for i in range(qwen_tokenizer.get_vocab_size()) if i not in eager)
-    eos_id = eager[fresh[0]] if fresh else unused
+    unused = [i for i in range(qwen_tokenizer.get_vocab_size()) if i not in eager]
+    eos_id = eager[fresh[0]] if fresh else unused[0]
+    # The second EOS (<|im_end|>, as in Qwen's configs) must not end the run first;
+    # where this random model happens to produce it, an id it never produces stands in.
+    im_end = qwen_tokenizer.token_to_id("<|im_end|>")
+    second_eos = im_end if im_end not in eager else next(i for i in unused if i != eos_id)
     metadata = {
         "get_max_seq_len": MAX_CHUNK,
         "get_max_context_len": MAX_CONTEXT,
         "get_vocab_size": qwen_tokenizer.get_vocab_size(),
         "get_n_layers": 1,
         "get_bos_id": qwen_tokenizer.token_to_id("<|endoftext|>"),
-        "get_eos_ids": [eos_id, qwen_tokenizer.token_to_id("<|im_end|>")],
+        "get_eos_ids": [eos_id, second_eos],
         "use_kv_cache": True,
         "use_sdpa_with_kv_cache": False,
         "enable_dynamic_shape": True,

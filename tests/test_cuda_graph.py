@@ -94,7 +94,6 @@ def test_depthwise_conv1d_decomposition_matches_conv1d():
 
 @directly
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised on machines without CUDA")
-def test_lowering_without_cuda_raises_a_clear_error(tmp_path):
+def test_lowering_without_cuda_raises_a_clear_error():
     with pytest.raises(CudaLoweringError, match="no CUDA device"):
-        lower_to_cuda(None, output=tmp_path / "model.pte")
-    assert not list(tmp_path.iterdir())
+        lower_to_cuda(None)

@@ -102,7 +102,7 @@ def test_lower_to_metal_refuses_off_macos(exported):
     if lowering.unavailable_reason() is None:
         pytest.skip("this machine can lower for Metal")
     with pytest.raises(RuntimeError, match="--backend metal lowers only on macOS"):
-        lowering.lower_to_metal(exported, metadata={}, output=None)
+        lowering.lower_to_metal(exported, metadata={})
 
 
 def test_unsupported_head_dims_are_refused_before_lowering(tmp_path):

@@ -238,6 +238,7 @@ def lower_only(out_dir: str) -> int:
 
 def _lower(model, out: Path) -> int:
     from cuda_backend.lowering import lower_to_cuda
+    from gdn_export.export import write_program
 
     # ExecuTorch plans memory from T's upper bound, which Dim.DYNAMIC leaves unset: the
     # lowered prefill method takes a fixed chunk of PREFILL_CHUNK tokens instead.
@@ -245,9 +246,8 @@ def _lower(model, out: Path) -> int:
     started = time.perf_counter()
     metadata = {"get_max_seq_len": 128, "enable_dynamic_shape": True, "use_kv_cache": True}
     pte = out / "tiny_qwen35_cuda.pte"
-    manager, data_files = lower_to_cuda(lowered, metadata=metadata, output=pte)
-    with open(pte, "wb") as file:
-        manager.write_to_file(file)
+    manager = lower_to_cuda(lowered, metadata=metadata)
+    data_files = write_program(manager, pte)
     for method in lowered:
         graph = manager.exported_program(method).graph
         delegates = [str(node.target) for node in graph.nodes if "delegate" in str(node.target)]
