@@ -2,7 +2,9 @@
 # Everything cuda_backend needs a GPU for, in one call on the lent machine; logs go to $OUT.
 #   run(command="bash cuda_backend/device/run_on_device.sh [tests|aoti|bench|lower]...", carry=[".whl"])
 # With no argument it runs tests, aoti and bench. Wheels come from cuda_backend/device/setup.sh.
-#   tests: the CUDA kernel tests and the conformance table on CUDA (TESTS overrides the selection)
+#   tests: the CUDA kernel tests, full-size cases included (TESTS overrides the selection)
+#   conformance: the conformance table's op-cuda rows (107 cases; each compiles its own kernel
+#          variants on a fresh machine, so it takes a call of its own)
 #   variants: every chunked-kernel launch variant of gdn-bench's --chunked-sweep against the fp64 reference
 #   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
@@ -20,10 +22,12 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests aoti bench)
 for step in "${steps[@]}"; do
   case "$step" in
-    tests)
-      python3 -m pytest -q -x -p no:cacheprovider ${TESTS:-tests/test_cuda_kernels.py tests/conformance} -k "cuda" \
-          > "$OUT/tests.log" 2>&1 || status=1
-      tail -5 "$OUT/tests.log" ;;
+    tests|conformance)
+      # -v: a call cut off at its time limit still shows which cases ran.
+      [ "$step" = tests ] && selection=${TESTS:-tests/test_cuda_kernels.py} || selection=tests/conformance
+      python3 -m pytest -v -x -p no:cacheprovider --durations=10 $selection -k "cuda" \
+          > "$OUT/$step.log" 2>&1 || status=1
+      tail -15 "$OUT/$step.log" ;;
     variants)
       python3 -m cuda_backend.device.chunked_variants > "$OUT/variants.log" 2>&1 || status=1
       grep -v "Warning\|^ *from \|^ *\"\"\"" "$OUT/variants.log" | tail -60 ;;
