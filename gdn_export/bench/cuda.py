@@ -140,11 +140,15 @@ def _decode_implementations(sweep: bool):
         for value_block, num_warps in DECODE_SWEEP:
             impls[f"ours: fused decode BV={value_block} warps={num_warps}"] = tuned(value_block, num_warps)
 
+        shared_states = {}  # state shape -> the one buffer every input set writes to
+
         def to_one_buffer(x):
             # What ExecuTorch's kernel does under a CUDA graph: the new state goes to the
             # same pool address every launch, so at small B its writes can stay in L2.
             _, query, key, value = split_heads(x["mixed_qkv"], x["state"])
-            destination = _shared_buffer(x["state"])
+            if x["state"].shape not in shared_states:
+                shared_states[x["state"].shape] = torch.empty_like(x["state"])
+            destination = shared_states[x["state"].shape]
             return lambda: run_recurrent(
                 query, key, value, x["a"], x["b"], x["state"], destination, x["output"],
                 scale=HEAD_DIM ** -0.5, use_qk_l2norm=True, a_log=x["A_log"], dt_bias=x["dt_bias"],
@@ -155,11 +159,9 @@ def _decode_implementations(sweep: bool):
         def executorch_to_own_buffer(x):
             # ExecuTorch's kernel with its new state sent to a buffer of this input set
             # (the DRAM traffic of an in-place update), launched the way its op launches it.
-            import importlib
-
             import triton
 
-            module = importlib.import_module("executorch.backends.cuda.triton.kernels.fused_deltanet_decode")
+            module = _executorch_decode_module()
             qkv, alpha, beta_raw, state = x["mixed_qkv"][:, 0], x["a"][:, 0], x["b"][:, 0], x["state"]
             batch, heads, key_dim, value_dim = state.shape
             destination, output = torch.empty_like(state), torch.empty(batch, heads, value_dim, device=state.device)
@@ -307,19 +309,6 @@ def _prefill_implementations(sweep: bool = False):
     return impls
 
 
-_SHARED_BUFFERS: dict = {}
-
-
-def _shared_buffer(like):
-    """One buffer per shape and dtype, the same for every input set (see ``to_one_buffer``)."""
-    import torch
-
-    key = (tuple(like.shape), like.dtype)
-    if key not in _SHARED_BUFFERS:
-        _SHARED_BUFFERS[key] = torch.empty_like(like)
-    return _SHARED_BUFFERS[key]
-
-
 def _input_bytes(inputs: dict) -> int:
     return sum(t.numel() * t.element_size() for t in inputs.values())
 
@@ -344,7 +333,6 @@ def _measure(kind: str, sizes, make_inputs, implementations, args, l2_bytes) -> 
             print(f"{kind} {size}: {name}: {row[name]}", flush=True)
         results[size] = row
         del sets, first
-        _SHARED_BUFFERS.clear()
         torch.cuda.empty_cache()
     return results
 
@@ -386,12 +374,17 @@ def _plot(path: Path, decode: dict, prefill: dict) -> None:
     figure.savefig(path, dpi=110)
 
 
-def _print_executorch_decode_config() -> None:
-    """The launch shape ExecuTorch's autotuner settled on (one key for every B here)."""
+def _executorch_decode_module():
+    # The package re-exports the op under the module's name, so go through importlib.
     import importlib
 
-    try:  # the package re-exports the op under the module's name, so go through importlib
-        module = importlib.import_module("executorch.backends.cuda.triton.kernels.fused_deltanet_decode")
+    return importlib.import_module("executorch.backends.cuda.triton.kernels.fused_deltanet_decode")
+
+
+def _print_executorch_decode_config() -> None:
+    """The launch shape ExecuTorch's autotuner settled on (one key for every B here)."""
+    try:
+        module = _executorch_decode_module()
     except ImportError:
         return
     config = getattr(getattr(module, "_fused_deltanet_decode_kernel", None), "best_config", None)
