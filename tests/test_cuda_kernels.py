@@ -1,21 +1,15 @@
 """cuda_backend's Triton kernels against the reference.
 
-Without a GPU the kernels run under Triton's interpreter, which must be
-switched on before Triton compiles anything; so in the main test process this
-module holds one test that reruns the module in a child process with
-TRITON_INTERPRET=1 (nothing leaks into other tests). In that child, or on a
-machine with CUDA, the real tests below run: a subset of the conformance table
-(decode and prefill, GDA and KDA, Hv/Hk = 2, Dk != Dv, in-place state, bf16,
-strided inputs, the fused op), error cases, and on CUDA the full-size cases.
+Without a GPU the kernels run under Triton's interpreter, in a child process
+(tests/triton_interpreter.py). In that child, or on a machine with CUDA, the
+real tests below run: a subset of the conformance table (decode and prefill,
+GDA and KDA, Hv/Hk = 2, Dk != Dv, in-place state, bf16, strided inputs, the
+fused op), error cases, and on CUDA the full-size cases.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,23 +25,13 @@ from gdn_export.ops.conformance import (
     run_case,
     run_fused_case,
 )
-
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-ON_CUDA = torch.cuda.is_available()
-DEVICE = "cuda" if ON_CUDA else "cpu"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.triton_interpreter import DEVICE, INTERPRETED, ON_CUDA, rerun_under_triton_interpreter
 
 
 if not (INTERPRETED or ON_CUDA):
 
     def test_kernels_under_triton_interpreter():
-        environment = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
-        child = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-            cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=900,
-        )
-        assert child.returncode == 0, f"interpreted kernel tests failed:\n{child.stdout[-6000:]}\n{child.stderr[-3000:]}"
-        assert " passed" in child.stdout and "skipped" not in child.stdout, child.stdout[-2000:]
+        rerun_under_triton_interpreter(__file__)
 
 else:
     from tests.conformance.triton_implementations import triton_implementation

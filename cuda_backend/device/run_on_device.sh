@@ -2,9 +2,11 @@
 # Everything cuda_backend needs a GPU for, in one call on the lent machine; logs go to $OUT.
 #   run(command="bash cuda_backend/device/run_on_device.sh [tests|aoti|bench|lower]...", carry=[".whl"])
 # With no argument it runs tests, aoti and bench. Wheels come from cuda_backend/device/setup.sh.
-#   tests: the CUDA kernel tests, full-size cases included (TESTS overrides the selection)
+#   tests: the CUDA kernel tests, full-size cases included, and the checks of gdn-bench cuda's decode
+#          columns (TESTS overrides the selection)
 #   conformance: the conformance table's op-cuda rows (107 cases; each compiles its own kernel
-#          variants on a fresh machine, so it takes a call of its own)
+#          variants on a fresh machine, so it takes a call of its own, on 6 pytest-xdist workers:
+#          one at a time does not fit in 10 minutes, and 12 workers ran the GPU out of memory)
 #   variants: every chunked-kernel launch variant of gdn-bench's --chunked-sweep against the fp64 reference
 #   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
@@ -24,8 +26,10 @@ for step in "${steps[@]}"; do
   case "$step" in
     tests|conformance)
       # -v: a call cut off at its time limit still shows which cases ran.
-      [ "$step" = tests ] && selection=${TESTS:-tests/test_cuda_kernels.py} || selection=tests/conformance
-      python3 -m pytest -v -x -p no:cacheprovider --durations=10 $selection -k "cuda" \
+      [ "$step" = tests ] && selection=${TESTS:-tests/test_cuda_kernels.py tests/test_bench_cuda.py} || selection=tests/conformance
+      workers=()
+      [ "$step" = conformance ] && python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
+      python3 -m pytest -v -x -p no:cacheprovider --durations=10 "${workers[@]}" $selection -k "cuda" \
           > "$OUT/$step.log" 2>&1 || status=1
       tail -15 "$OUT/$step.log" ;;
     variants)

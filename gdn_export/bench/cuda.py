@@ -8,10 +8,12 @@ reads from DRAM as it would in a model; the figure is graph time / calls.
 
 * decode (T = 1) at each ``--batches``: ours (the fused op: split, norm, gating
   and recurrence, state in place; and the unfused op, state in place),
-  ExecuTorch 1.5.1 ``fused_deltanet_decode`` (alone, and followed by the state
-  copy-back its Qwen3.5 model does, since the kernel writes a fresh state tensor),
-  fla-core ``fused_recurrent_gated_delta_rule`` and the copy floor (a
-  device-to-device copy of the state bytes, read + write);
+  ExecuTorch 1.5.1's decode kernel three ways (its new state sent to a buffer of
+  each input set, so rotated like ours; its ``fused_deltanet_decode`` op as called,
+  whose fresh state tensor gets one graph address every launch; and that op followed
+  by the state copy-back its Qwen3.5 model does), fla-core
+  ``fused_recurrent_gated_delta_rule`` and the copy floor (a device-to-device copy
+  of the state bytes, read + write);
 * prefill (B = 1) at each ``--lengths``: ours (chunked kernels, fused and
   unfused), fla-core ``chunk_gated_delta_rule``, ExecuTorch's ``chunk_gated_delta_rule``
   (fla's kernels behind a triton_op; it takes Hv heads of q/k, so they are repeated
@@ -32,6 +34,13 @@ import traceback
 from pathlib import Path
 
 NUM_K_HEADS, NUM_V_HEADS, HEAD_DIM = 16, 32, 128
+OURS_DECODE = "ours: fused decode (in place)"
+OURS_DECODE_UNFUSED = "ours: gated_delta_rule (in place)"
+COPY_FLOOR = "copy floor (state read + write)"
+EXECUTORCH_DECODE = "ExecuTorch 1.5.1 decode kernel, new state to rotated buffers"
+EXECUTORCH_DECODE_WRAPPER = "ExecuTorch 1.5.1 fused_deltanet_decode (its op: new state at one graph address)"
+EXECUTORCH_DECODE_AS_RUN = "ExecuTorch 1.5.1 fused_deltanet_decode + state copy-back (as its model runs it)"
+FLA_PREFILL = "fla-core 0.6.0 chunk_gated_delta_rule"
 ROTATION_BYTES_OVER_L2 = 4  # rotate through this many times the L2 size
 DECODE_SWEEP = (  # (value block, warps) for --sweep
     (8, 1), (16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4), (64, 8), (128, 4), (128, 8),
@@ -90,19 +99,19 @@ def _sets_for(bytes_per_set: int, l2_bytes: int) -> int:
     return max(2, math.ceil(ROTATION_BYTES_OVER_L2 * l2_bytes / max(bytes_per_set, 1)))
 
 
-def _decode_inputs(batch: int, generator):
+def _decode_inputs(batch: int, generator, device: str = "cuda"):
     import torch
     import torch.nn.functional as F
 
     from gdn_export.ops.fused import gating, split_heads
 
     channels = 2 * NUM_K_HEADS * HEAD_DIM + NUM_V_HEADS * HEAD_DIM
-    mixed_qkv = F.silu(torch.randn(batch, 1, channels, device="cuda", generator=generator)).bfloat16()
-    a = torch.randn(batch, 1, NUM_V_HEADS, device="cuda", generator=generator).bfloat16()
-    b = torch.randn(batch, 1, NUM_V_HEADS, device="cuda", generator=generator).bfloat16()
-    A_log = torch.rand(NUM_V_HEADS, device="cuda", generator=generator) * 2.7
-    dt_bias = 0.5 * torch.randn(NUM_V_HEADS, device="cuda", generator=generator)
-    state = 0.5 * torch.randn(batch, NUM_V_HEADS, HEAD_DIM, HEAD_DIM, device="cuda", generator=generator)
+    mixed_qkv = F.silu(torch.randn(batch, 1, channels, device=device, generator=generator)).bfloat16()
+    a = torch.randn(batch, 1, NUM_V_HEADS, device=device, generator=generator).bfloat16()
+    b = torch.randn(batch, 1, NUM_V_HEADS, device=device, generator=generator).bfloat16()
+    A_log = torch.rand(NUM_V_HEADS, device=device, generator=generator) * 2.7
+    dt_bias = 0.5 * torch.randn(NUM_V_HEADS, device=device, generator=generator)
+    state = 0.5 * torch.randn(batch, NUM_V_HEADS, HEAD_DIM, HEAD_DIM, device=device, generator=generator)
     _, query, key, value = split_heads(mixed_qkv, state)
     g, beta = gating(a, b, A_log, dt_bias)
     return dict(mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state,
@@ -118,7 +127,7 @@ def _decode_implementations(sweep: bool):
 
     impls = {}
 
-    impls["ours: fused decode (in place)"] = lambda x: (
+    impls[OURS_DECODE] = lambda x: (
         lambda: torch.ops.gdn_cuda.fused_recurrent_gated_delta_rule(
             x["mixed_qkv"], x["a"], x["b"], x["A_log"], x["dt_bias"], x["state"]
         )
@@ -156,46 +165,50 @@ def _decode_implementations(sweep: bool):
 
         impls["ours: fused decode, new state to one shared buffer (diagnostic)"] = to_one_buffer
 
-        def executorch_to_own_buffer(x):
-            # ExecuTorch's kernel with its new state sent to a buffer of this input set
-            # (the DRAM traffic of an in-place update), launched the way its op launches it.
-            import triton
-
-            module = _executorch_decode_module()
-            qkv, alpha, beta_raw, state = x["mixed_qkv"][:, 0], x["a"][:, 0], x["b"][:, 0], x["state"]
-            batch, heads, key_dim, value_dim = state.shape
-            destination, output = torch.empty_like(state), torch.empty(batch, heads, value_dim, device=state.device)
-            key_channels = (qkv.shape[1] - heads * value_dim) // 2
-
-            def grid(meta):
-                return (batch * heads, triton.cdiv(value_dim, meta["BLOCK_V"]))
-
-            return lambda: module._fused_deltanet_decode_kernel[grid](
-                qkv, alpha, beta_raw, x["A_log"], x["dt_bias"], state, destination, output,
-                K=key_dim, V_DIM=value_dim, KEY_DIM=key_channels, V_PER_K=heads // (key_channels // key_dim),
-                SCALE=key_dim ** -0.5, L2_EPS=1e-6,
-                stride_qkv_b=qkv.stride(0), stride_ab=alpha.stride(0), stride_bb=beta_raw.stride(0),
-                stride_s_b=state.stride(0), stride_s_h=state.stride(1), stride_s_k=state.stride(2),
-                stride_s_v=state.stride(3), stride_ob=output.stride(0), stride_oh=output.stride(1),
-                stride_ov=output.stride(2),
-            )
-
-        impls["ExecuTorch 1.5.1 decode kernel, new state to this set's own buffer (diagnostic)"] = (
-            executorch_to_own_buffer
-        )
-    impls["ours: gated_delta_rule (in place)"] = lambda x: (
+    impls[OURS_DECODE_UNFUSED] = lambda x: (
         lambda: torch.ops.gdn_cuda.gated_delta_rule(
             x["query"], x["key"], x["value"], x["g"], x["beta"], x["state"], x["output"], x["state"], None, True
         )
     )
 
+    def executorch_rotated(x):
+        # ExecuTorch's kernel launched the way its op launches it, but with its new state
+        # sent to a buffer of this input set: rotated like every other state buffer here,
+        # so it moves the DRAM bytes an in-place update moves. The floor compares with this.
+        import triton
+
+        module = _executorch_decode_module()
+        qkv, alpha, beta_raw, state = x["mixed_qkv"][:, 0], x["a"][:, 0], x["b"][:, 0], x["state"]
+        batch, heads, key_dim, value_dim = state.shape
+        # Kept in the set, so tests can check what the anchor computes.
+        destination = x["executorch_state"] = torch.empty_like(state)
+        output = x["executorch_output"] = torch.empty(batch, heads, value_dim, device=state.device)
+        key_channels = (qkv.shape[1] - heads * value_dim) // 2
+
+        def grid(meta):
+            return (batch * heads, triton.cdiv(value_dim, meta["BLOCK_V"]))
+
+        return lambda: module._fused_deltanet_decode_kernel[grid](
+            qkv, alpha, beta_raw, x["A_log"], x["dt_bias"], state, destination, output,
+            K=key_dim, V_DIM=value_dim, KEY_DIM=key_channels, V_PER_K=heads // (key_channels // key_dim),
+            SCALE=key_dim ** -0.5, L2_EPS=1e-6,
+            stride_qkv_b=qkv.stride(0), stride_ab=alpha.stride(0), stride_bb=beta_raw.stride(0),
+            stride_s_b=state.stride(0), stride_s_h=state.stride(1), stride_s_k=state.stride(2),
+            stride_s_v=state.stride(3), stride_ob=output.stride(0), stride_oh=output.stride(1),
+            stride_ov=output.stride(2),
+        )
+
+    impls[EXECUTORCH_DECODE] = executorch_rotated
+
     def executorch(x):
+        # Its op as called: the fresh state tensor it returns gets one graph-pool address
+        # for every input set, so at small B its writes stay in L2 (see docs/benchmarks.md).
         from executorch.backends.cuda.triton.kernels.fused_deltanet_decode import fused_deltanet_decode
 
         qkv, alpha, beta_raw = x["mixed_qkv"][:, 0], x["a"][:, 0], x["b"][:, 0]
         return lambda: fused_deltanet_decode(qkv, alpha, beta_raw, x["A_log"], x["dt_bias"], x["state"])
 
-    impls["ExecuTorch 1.5.1 fused_deltanet_decode"] = executorch
+    impls[EXECUTORCH_DECODE_WRAPPER] = executorch
 
     def executorch_with_copy_back(x):
         # ExecuTorch's Qwen3.5 model copies the returned state into its state buffer.
@@ -210,7 +223,7 @@ def _decode_implementations(sweep: bool):
 
         return call
 
-    impls["ExecuTorch 1.5.1 fused_deltanet_decode + state copy-back (as its model runs it)"] = executorch_with_copy_back
+    impls[EXECUTORCH_DECODE_AS_RUN] = executorch_with_copy_back
 
     def fla(x):
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
@@ -226,7 +239,7 @@ def _decode_implementations(sweep: bool):
         destination = torch.empty_like(x["state"])
         return lambda: destination.copy_(x["state"])
 
-    impls["copy floor (state read + write)"] = copy_floor
+    impls[COPY_FLOOR] = copy_floor
     return impls
 
 
@@ -237,7 +250,7 @@ def _prefill_inputs(length: int, generator):
     from gdn_export.ops.reference import l2_normalize
 
     def randn(*shape):
-        return torch.randn(*shape, device="cuda", generator=generator)
+        return torch.randn(*shape, device=device, generator=generator)
 
     query = randn(1, length, NUM_K_HEADS, HEAD_DIM).bfloat16()
     key = randn(1, length, NUM_K_HEADS, HEAD_DIM).bfloat16()
@@ -250,7 +263,7 @@ def _prefill_inputs(length: int, generator):
     return dict(
         query=query, key=key, value=value, g=g, beta=beta, state=state, output=torch.empty_like(value),
         mixed_qkv=channels, a=randn(1, length, NUM_V_HEADS).bfloat16(), b=randn(1, length, NUM_V_HEADS).bfloat16(),
-        A_log=torch.rand(NUM_V_HEADS, device="cuda", generator=generator) * 2.7,
+        A_log=torch.rand(NUM_V_HEADS, device=device, generator=generator) * 2.7,
         dt_bias=0.5 * randn(NUM_V_HEADS),
         # ExecuTorch's chunk op takes Hv heads of normalized q/k.
         query_repeated=l2_normalize(query.float().repeat_interleave(group, 2)).bfloat16(),
@@ -283,7 +296,7 @@ def _prefill_implementations(sweep: bool = False):
             output_final_state=True, use_qk_l2norm_in_kernel=True,
         )
 
-    impls["fla-core 0.6.0 chunk_gated_delta_rule"] = fla
+    impls[FLA_PREFILL] = fla
 
     def executorch(x):
         from executorch.backends.cuda.triton.kernels.chunk_gated_delta_rule import chunk_gated_delta_rule
@@ -337,15 +350,19 @@ def _measure(kind: str, sizes, make_inputs, implementations, args, l2_bytes) -> 
     return results
 
 
-def _table(title: str, size_name: str, results: dict, reference: str) -> str:
+def _table(title: str, size_name: str, results: dict, references) -> str:
+    """Times, then the first column (ours) over each reference."""
     names = [name for name in next(iter(results.values())) if name != "sets"]
-    lines = [f"### {title}", "", f"| {size_name} | " + " | ".join(names) + f" | ours / {reference} |",
-             "|" + "---|" * (len(names) + 2)]
+    lines = [f"### {title}", "",
+             f"| {size_name} | " + " | ".join(names + [f"ours / {r}" for r in references]) + " |",
+             "|" + "---|" * (len(names) + len(references) + 1)]
     for size, row in results.items():
         cells = [f"{row[n]:.2f}" if isinstance(row[n], float) else row[n] for n in names]
         ours = row[names[0]]
-        ratio = f"{ours / row[reference]:.2f}" if isinstance(ours, float) and isinstance(row[reference], float) else "-"
-        lines.append(f"| {size} | " + " | ".join(cells) + f" | {ratio} |")
+        for reference in references:
+            both = isinstance(ours, float) and isinstance(row.get(reference), float)
+            cells.append(f"{ours / row[reference]:.2f}" if both else "-")
+        lines.append(f"| {size} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -413,9 +430,9 @@ def run(args) -> int:
     markdown = (
         f"Device: {properties.name}; torch {torch.__version__}; microseconds per layer call "
         f"(median of {args.replays} graph replays of {args.calls} launches).\n\n"
-        + _table("Decode (T = 1)", "B", decode, "copy floor (state read + write)")
+        + _table("Decode (T = 1)", "B", decode, [COPY_FLOOR, EXECUTORCH_DECODE, EXECUTORCH_DECODE_WRAPPER])
         + "\n"
-        + _table("Prefill (B = 1)", "T", prefill, "fla-core 0.6.0 chunk_gated_delta_rule")
+        + _table("Prefill (B = 1)", "T", prefill, [FLA_PREFILL])
     )
     print(markdown)
     if args.markdown:

@@ -1,0 +1,95 @@
+"""``gdn-bench cuda``'s decode columns compute the op they are timed as.
+
+The decode floors of the CUDA issue compare ours with ExecuTorch's kernel
+launched the way the bench launches it, so each of those calls is checked here
+against the fp64 reference from fresh random inputs at the bench's shape.
+Without a GPU this runs under Triton's interpreter in a child process
+(tests/triton_interpreter.py); ExecuTorch's autotuner cannot time configs
+there, so it is held to its first config.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdn_export.ops import reference
+from gdn_export.ops.conformance import relative_error
+from gdn_export.ops.fused import gating
+from tests.triton_interpreter import DEVICE, INTERPRETED, ON_CUDA, rerun_under_triton_interpreter
+
+
+def bound(actual: torch.Tensor) -> float:
+    """Bound on max|actual - expected| / max|expected|.
+
+    A bf16 output may be one bf16 step (2^-7) off: Triton's interpreter truncates
+    to bf16 where a GPU rounds. fp32 results get the conformance table's fp32 bound
+    (the inputs are exact and the reference computes the gates in fp64 too).
+    """
+    return 1.05 * 2.0 ** -7 if actual.dtype == torch.bfloat16 else 1e-5
+
+
+if not (INTERPRETED or ON_CUDA):
+
+    def test_bench_decode_columns_under_triton_interpreter():
+        rerun_under_triton_interpreter(__file__)
+
+else:
+    from gdn_export.bench import cuda as bench
+
+    @pytest.fixture(scope="module")
+    def implementations():
+        if INTERPRETED:
+            kernel = bench._executorch_decode_module()._fused_deltanet_decode_kernel
+            kernel.configs = kernel.configs[:1]
+        return bench._decode_implementations(sweep=False)
+
+    @pytest.fixture
+    def inputs():
+        generator = torch.Generator(device=DEVICE).manual_seed(torch.seed())
+        return bench._decode_inputs(2, generator, device=DEVICE)
+
+    def expected(x, from_raw_gates=True):
+        # The fused kernels compute the gates from the raw a/b in fp32, so the reference does so
+        # in fp64; the unfused op is handed x["g"]/x["beta"] (beta rounded to bf16) and gets those.
+        query, key, value = (x[name].double() for name in ("query", "key", "value"))
+        if from_raw_gates:
+            g, beta = gating(*(x[name].double() for name in ("a", "b", "A_log", "dt_bias")))
+        else:
+            g, beta = x["g"].double(), x["beta"].double()
+        output, state = reference.recurrent_gated_delta_rule(
+            query, key, value, g, beta, x["state"].double(),
+            scale=bench.HEAD_DIM ** -0.5, use_qk_l2norm=True,
+        )
+        return output[:, 0], state
+
+    def test_ours_fused_updates_the_state_in_place(implementations, inputs):
+        expected_output, expected_state = expected(inputs)
+        output = implementations[bench.OURS_DECODE](inputs)()
+        assert relative_error(output[:, 0].double(), expected_output) <= bound(output)
+        assert relative_error(inputs["state"].double(), expected_state) <= bound(inputs["state"])
+
+    def test_ours_unfused_writes_output_and_state_in_place(implementations, inputs):
+        expected_output, expected_state = expected(inputs, from_raw_gates=False)
+        call = implementations[bench.OURS_DECODE_UNFUSED](inputs)
+        inputs["output"].fill_(float("nan"))
+        call()
+        assert relative_error(inputs["output"][:, 0].double(), expected_output) <= bound(inputs["output"])
+        assert relative_error(inputs["state"].double(), expected_state) <= bound(inputs["state"])
+
+    def test_executorch_rotated_writes_the_new_state_to_the_sets_buffer(implementations, inputs):
+        expected_output, expected_state = expected(inputs)
+        state_before = inputs["state"].clone()
+        call = implementations[bench.EXECUTORCH_DECODE](inputs)
+        inputs["executorch_state"].fill_(float("nan"))
+        inputs["executorch_output"].fill_(float("nan"))
+        call()
+        assert relative_error(inputs["executorch_output"].double(), expected_output) <= bound(inputs["executorch_output"])
+        assert relative_error(inputs["executorch_state"].double(), expected_state) <= bound(inputs["executorch_state"])
+        assert torch.equal(inputs["state"], state_before), "the anchor must read the state, not update it"
+
+    def test_executorch_with_copy_back_leaves_the_new_state_in_the_state_buffer(implementations, inputs):
+        expected_output, expected_state = expected(inputs)
+        output = implementations[bench.EXECUTORCH_DECODE_AS_RUN](inputs)()
+        assert relative_error(output.double(), expected_output) <= bound(output)
+        assert relative_error(inputs["state"].double(), expected_state) <= bound(inputs["state"])
