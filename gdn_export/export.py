@@ -144,7 +144,28 @@ def check_request(
         raise ExportError(f"--output {output}: folder {parent} is not writable ({error.strerror})") from None
     os.close(descriptor)
     os.unlink(probe)
+    _check_backend_machine(backend)
     return ExportRequest(checkpoint, output, backend, DTYPES[dtype], max_seq_len, quantize, prefill_chunk)
+
+
+def _check_backend_machine(backend: str) -> None:
+    """The GPU backends compile for the local GPU: say what is missing before the model is loaded."""
+    if backend == "cuda":
+        from cuda_backend.lowering import CudaLoweringError, check_lowering_prerequisites
+
+        try:
+            check_lowering_prerequisites()
+        except CudaLoweringError as error:
+            raise ExportError(str(error)) from None
+    elif backend == "metal":
+        from metal_backend.lowering import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason is not None:
+            raise ExportError(
+                f"--backend metal lowers only on macOS with Xcode and an Apple-silicon GPU: {reason}. "
+                "Export with --backend xnnpack or portable here, or run this export on a Mac."
+            )
 
 
 def _token_ids(checkpoint: Path, config: dict) -> tuple[Optional[int], list]:

@@ -6,6 +6,7 @@ implementations, so no GPU (and no Triton interpreter) is needed.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,23 +39,22 @@ directly = pytest.mark.skipif(INTERPRETED, reason="rerun without TRITON_INTERPRE
 
 from cuda_backend.lowering import CudaLoweringError, depthwise_conv1d_as_products, lower_to_cuda  # noqa: E402
 from gdn_export.passes import rewrite  # noqa: E402
-from gdn_export.passes.cuda import CudaFusedRecurrence  # noqa: E402
+from tests.triton_interpreter import run_under_triton_interpreter  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def cuda_model(tmp_path_factory):
-    from gdn_export.loading import load_qwen35
-    from gdn_export.passes import RECURRENCES
+def checkpoint(tmp_path_factory):
     from gdn_export.tiny import make_tiny_checkpoint
 
-    checkpoint = make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), key_head_dim=64, value_head_dim=64)
-    model = load_qwen35(checkpoint, max_seq_len=64)
-    saved = RECURRENCES["cuda"]
-    RECURRENCES["cuda"] = CudaFusedRecurrence
-    try:
-        yield rewrite(model, "cuda")
-    finally:
-        RECURRENCES["cuda"] = saved
+    seed = torch.seed() % 2**31
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), key_head_dim=64, value_head_dim=64, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def cuda_model(checkpoint):
+    from gdn_export.loading import load_qwen35
+
+    return rewrite(load_qwen35(checkpoint, max_seq_len=64), "cuda")
 
 
 def _gdn_ops(model, length: int) -> list[str]:
@@ -74,6 +74,56 @@ def test_decode_export_holds_the_fused_decode_op(cuda_model):
 def test_prefill_export_holds_the_chunked_op(cuda_model):
     ops = _gdn_ops(cuda_model, 5)
     assert ops == ["gdn_cuda.fused_chunked_gated_delta_rule.default"] * 2, ops
+
+
+@directly
+def test_rewrite_for_cuda_gives_the_triton_recurrence(cuda_model):
+    from gdn_export.passes.cuda import CudaFusedRecurrence
+
+    layers = [m for m in cuda_model.modules() if hasattr(m, "recurrence")]
+    assert layers and all(type(m.recurrence) is CudaFusedRecurrence for m in layers)
+
+
+# Run in a child under Triton's interpreter: the program the parent exported, against the
+# reference model (the per-token Python recurrence) on the same checkpoint.
+RUN_EXPORTED_PROGRAM = """
+import json, sys, torch
+import cuda_backend  # defines the gdn_cuda ops the program calls
+from gdn_export.loading import load_qwen35
+program_path, checkpoint, calls = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+exported = torch.export.load(program_path).module()
+for buffer in exported.buffers():
+    buffer.zero_()
+reference = load_qwen35(checkpoint, max_seq_len=64)
+errors = []
+with torch.no_grad():
+    for tokens, position in calls:
+        tokens, position = torch.tensor([tokens]), torch.tensor([position])
+        expected, actual = reference(tokens, position), exported(tokens, position)
+        errors.append(((actual - expected).abs().max() / expected.abs().max()).item())
+print(json.dumps(errors))
+"""
+
+
+@directly
+def test_exported_program_runs_like_the_reference_model(cuda_model, checkpoint, tmp_path):
+    """What ``export_qwen35 --backend cuda`` hands to CudaBackend (forward with T dynamic, so the
+    chunked op for every call) computes the reference model's logits: prefill, then decode steps."""
+    tokens = torch.zeros(1, 2, dtype=torch.long)
+    length = torch.export.Dim("token_dim", min=1, max=16)
+    with torch.no_grad():
+        program = torch.export.export(
+            cuda_model, (tokens, torch.zeros(1, dtype=torch.long)), dynamic_shapes=({1: length}, None), strict=False
+        )
+    path = tmp_path / "program.pt2"
+    torch.export.save(program, path)
+    generator = torch.Generator().manual_seed(torch.seed())
+    prompt = torch.randint(0, 300, (9,), generator=generator).tolist()
+    steps = torch.randint(0, 300, (2,), generator=generator).tolist()
+    calls = [(prompt, 0), ([steps[0]], 9), ([steps[1]], 10)]
+    errors = run_under_triton_interpreter(RUN_EXPORTED_PROGRAM, str(path), str(checkpoint), json.dumps(calls))
+    errors = json.loads(errors.strip().splitlines()[-1])
+    assert len(errors) == len(calls) and max(errors) <= 1e-5, errors
 
 
 @directly

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
 
 import pytest
+import torch
 
+from gdn_export import loading
 from gdn_export.cli import export_main, run_main
 from gdn_export.tiny import make_tiny_checkpoint
 
@@ -77,6 +80,30 @@ def test_bad_flag_values(checkpoint, tmp_path, capsys, flags, message):
     assert export_main(["--checkpoint", str(checkpoint), "--output", str(output), *flags]) != 0
     assert message in capsys.readouterr().err
     assert not output.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of machines without a CUDA GPU")
+def test_cuda_backend_without_a_gpu_says_so_before_loading(checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(loading, "load_qwen35", _must_not_load)
+    output = tmp_path / "model.pte"
+    assert export_main(["--checkpoint", str(checkpoint), "--output", str(output), "--backend", "cuda"]) == 1
+    error_lines = capsys.readouterr().err.strip().splitlines()
+    assert error_lines[-1].startswith("export_qwen35: error: --backend cuda") and "no CUDA device" in error_lines[-1]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(platform.system() == "Darwin", reason="checks the error of machines other than Macs")
+def test_metal_backend_off_macos_says_so_before_loading(checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(loading, "load_qwen35", _must_not_load)
+    output = tmp_path / "model.pte"
+    assert export_main(["--checkpoint", str(checkpoint), "--output", str(output), "--backend", "metal"]) == 1
+    error_lines = capsys.readouterr().err.strip().splitlines()
+    assert error_lines[-1].startswith("export_qwen35: error: --backend metal lowers only on macOS")
+    assert list(tmp_path.iterdir()) == []
+
+
+def _must_not_load(*args, **kwargs):
+    raise AssertionError("the model was loaded before the backend's machine check")
 
 
 @pytest.mark.parametrize("flags", [["--backend", "tpu"], ["--dtype", "fp8"], ["--quantize", "int3"]])

@@ -31,3 +31,14 @@ def rerun_under_triton_interpreter(module_file: str) -> None:
     name = Path(module_file).name
     assert child.returncode == 0, f"{name} under the interpreter failed:\n{child.stdout[-6000:]}\n{child.stderr[-3000:]}"
     assert " passed" in child.stdout and "skipped" not in child.stdout, child.stdout[-2000:]
+
+
+def run_under_triton_interpreter(code: str, *arguments: str) -> str:
+    """Run Python ``code`` (with ``arguments`` as sys.argv[1:]) in a child under the interpreter; its stdout."""
+    environment = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO_ROOT))
+    child = subprocess.run(
+        [sys.executable, "-c", code, *arguments],
+        cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=900,
+    )
+    assert child.returncode == 0, f"child under the interpreter failed:\n{child.stdout[-3000:]}\n{child.stderr[-6000:]}"
+    return child.stdout

@@ -23,10 +23,8 @@ libstdc++ Python loads, and the package's inlined ``std::regex`` faults at load
 (cuda-gdb: ``parse_device_str`` -> ``regex_traits::transform_primary`` ->
 ``codecvt::do_unshift``); the check then loads it again with the compiler's own
 libstdc++ preloaded (``AOTI_BACKTRACE=1`` adds cuda-gdb's backtrace of a crash).
-With ``--lower`` both methods are also lowered with ``lower_to_cuda`` to a
-``.pte`` and its ``.ptd`` (methods ``decode``, T = 1, and ``prefill``, T = 8).
 
-Usage: ``python -m cuda_backend.device.aoti_check OUT_DIR [--lower]``;
+Usage: ``python -m cuda_backend.device.aoti_check OUT_DIR``;
 ``--device cpu`` (without ``TRITON_INTERPRET``) is a dry run on the CPU:
 export, the CUDA decompositions and the eager reference, no compile.
 """
@@ -44,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-PROMPT_LENGTH, NEW_TOKENS, MAX_PREFILL, PREFILL_CHUNK = 12, 8, 64, 8
+PROMPT_LENGTH, NEW_TOKENS, MAX_PREFILL = 12, 8, 64
 LOGITS_TOLERANCE = 1e-3  # max |error| / max |logit|, fp32 model
 CHILD_TIMEOUT_S = 240
 
@@ -175,10 +173,9 @@ def _check_with_aoti(name: str, program, expected: Path, work: Path) -> int:
     return 1
 
 
-def main(out_dir: str, device: str = "cuda", lower: bool = False) -> int:
+def main(out_dir: str, device: str = "cuda") -> int:
     from gdn_export.loading import load_qwen35
-    from gdn_export.passes import register_recurrence, rewrite
-    from gdn_export.passes.cuda import CudaFusedRecurrence
+    from gdn_export.passes import rewrite
     from gdn_export.tiny import make_tiny_checkpoint
 
     from cuda_backend.lowering import cuda_decompositions
@@ -188,7 +185,6 @@ def main(out_dir: str, device: str = "cuda", lower: bool = False) -> int:
     work = Path(tempfile.mkdtemp(prefix="aoti_check_"))
     checkpoint = make_tiny_checkpoint(work / "tiny", key_head_dim=64, value_head_dim=64)
     reference = load_qwen35(checkpoint, max_seq_len=128).to(device).eval()
-    register_recurrence("cuda", CudaFusedRecurrence)
     model = rewrite(load_qwen35(checkpoint, max_seq_len=128), "cuda").to(device).eval()
     generator = torch.Generator(device).manual_seed(0)
     prompt = torch.randint(3, 300, (1, PROMPT_LENGTH), device=device, generator=generator)
@@ -213,55 +209,15 @@ def main(out_dir: str, device: str = "cuda", lower: bool = False) -> int:
                     "logits": expected_logits.cpu(), "tokens": expected_tokens}, expected)
         failures += _check_with_aoti(name, decomposed, expected, work)
 
-    if lower and device == "cuda":
-        failures += _lower(model, out)
     shutil.rmtree(work, ignore_errors=True)
     print("AOTI CHECK", "PASSED" if failures == 0 else f"FAILED ({failures})", flush=True)
     return 1 if failures else 0
-
-
-def lower_only(out_dir: str) -> int:
-    """The tiny CUDA-rewritten model lowered with CudaBackend to ``.pte`` + ``.ptd`` in ``out_dir``."""
-    from gdn_export.loading import load_qwen35
-    from gdn_export.passes import register_recurrence, rewrite
-    from gdn_export.passes.cuda import CudaFusedRecurrence
-    from gdn_export.tiny import make_tiny_checkpoint
-
-    work = Path(tempfile.mkdtemp(prefix="lower_"))
-    checkpoint = make_tiny_checkpoint(work / "tiny", key_head_dim=64, value_head_dim=64)
-    register_recurrence("cuda", CudaFusedRecurrence)
-    model = rewrite(load_qwen35(checkpoint, max_seq_len=128), "cuda").cuda().eval()
-    failures = _lower(model, Path(out_dir))
-    print("LOWERING", "PASSED" if failures == 0 else "FAILED", flush=True)
-    return failures
-
-
-def _lower(model, out: Path) -> int:
-    from cuda_backend.lowering import lower_to_cuda
-    from gdn_export.export import write_program
-
-    # ExecuTorch plans memory from T's upper bound, which Dim.DYNAMIC leaves unset: the
-    # lowered prefill method takes a fixed chunk of PREFILL_CHUNK tokens instead.
-    lowered = {"decode": _exported(model, 1, False, "cuda"), "prefill": _exported(model, PREFILL_CHUNK, False, "cuda")}
-    started = time.perf_counter()
-    metadata = {"get_max_seq_len": 128, "enable_dynamic_shape": True, "use_kv_cache": True}
-    pte = out / "tiny_qwen35_cuda.pte"
-    manager = lower_to_cuda(lowered, metadata=metadata)
-    data_files = write_program(manager, pte)
-    for method in lowered:
-        graph = manager.exported_program(method).graph
-        delegates = [str(node.target) for node in graph.nodes if "delegate" in str(node.target)]
-        print(f"lowered {method}: {len(delegates)} delegate call(s)", flush=True)
-    sizes = ", ".join(f"{path.name} {path.stat().st_size / 2**20:.2f} MiB" for path in [pte, *data_files])
-    print(f"CudaBackend lowering {time.perf_counter() - started:.1f} s: {sizes}", flush=True)
-    return int(not data_files)
 
 
 def _arguments(argv):
     parser = argparse.ArgumentParser(prog="python -m cuda_backend.device.aoti_check")
     parser.add_argument("out_dir", nargs="?", default="build/cuda_device")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--lower", action="store_true", help="also lower to .pte + .ptd with CudaBackend")
     parser.add_argument("--run", nargs=2, metavar=("PACKAGE", "EXPECTED"), help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -270,4 +226,4 @@ if __name__ == "__main__":
     arguments = _arguments(sys.argv[1:])
     if arguments.run:
         sys.exit(run_package(*arguments.run))
-    sys.exit(main(arguments.out_dir, arguments.device, arguments.lower))
+    sys.exit(main(arguments.out_dir, arguments.device))

@@ -10,7 +10,8 @@
 #   variants: every chunked-kernel launch variant of gdn-bench's --chunked-sweep against the fp64 reference
 #   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
-#   lower: the .pte + .ptd through ExecuTorch's CudaBackend (about 3 minutes)
+#   lower: export_qwen35 --backend cuda on a tiny checkpoint: the .pte + .ptd through ExecuTorch's
+#          CudaBackend, as a user makes them
 set -uo pipefail
 OUT=${OUT:-build/cuda_device}
 mkdir -p "$OUT"
@@ -39,9 +40,14 @@ for step in "${steps[@]}"; do
       python3 -X faulthandler -m cuda_backend.device.aoti_check "$OUT" > "$OUT/aoti.log" 2>&1 || status=1
       grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/aoti.log" | tail -30 ;;
     lower)
-      python3 -X faulthandler -c "import sys; from cuda_backend.device.aoti_check import lower_only; sys.exit(lower_only(sys.argv[1]))" \
-          "$OUT" > "$OUT/lower.log" 2>&1 || status=1
-      grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/lower.log" | tail -8 ;;
+      python3 -c "import sys; from gdn_export.tiny import make_tiny_checkpoint as make
+make(sys.argv[1], key_head_dim=64, value_head_dim=64)" "$OUT/tiny" > "$OUT/lower.log" 2>&1 \
+        && python3 -X faulthandler -c "import sys; from gdn_export.cli import export_main; sys.exit(export_main())" \
+             --checkpoint "$OUT/tiny" --output "$OUT/tiny_qwen35_cuda.pte" --backend cuda --max-seq-len 128 \
+             >> "$OUT/lower.log" 2>&1 || status=1
+      rm -rf "$OUT/tiny"
+      grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/lower.log" | tail -12
+      ls -l "$OUT"/*.pte "$OUT"/*.ptd 2>/dev/null ;;
     bench)
       python3 -m gdn_export.bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
           --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;

@@ -8,8 +8,15 @@ place, so the exported program neither loops over tokens nor copies the state:
 
 * ``portable``, ``xnnpack``: split and gate in PyTorch, then
   ``gdn::gated_delta_rule_inplace`` (the C++ CPU kernel registers it);
-* ``cuda``, ``metal``: ``gdn::fused_gated_delta_rule``, whose kernels also do
-  the q/k/v split, L2 norm, head repeat and gating.
+* ``cuda``: ``cuda_backend``'s fused Triton ops (``gdn_cuda::fused_recurrent_*``
+  for one token, ``gdn_cuda::fused_chunked_*`` otherwise; see
+  ``gdn_export.passes.cuda``). They are ``triton_op``s, which AOTInductor
+  compiles into the CudaBackend program; ``gdn::fused_gated_delta_rule`` is not
+  (its CUDA kernel is a PyTorch registration that a program cannot call);
+* ``metal``: ``gdn::fused_gated_delta_rule``, which the Metal backend maps to
+  its C shim.
+
+The fused ops' kernels also do the q/k/v split, L2 norm, head repeat and gating.
 
 A backend adds or overrides an entry with ``register_recurrence``. On the CPU
 backends ``rewrite`` also gives the full-attention layers ``gdn::cached_attention``
@@ -25,6 +32,7 @@ from torch import nn
 
 from gdn_export.models.qwen35 import GatedDeltaNet
 from gdn_export.passes.attention import swap_attention
+from gdn_export.passes.cuda import CudaFusedRecurrence
 from gdn_export.ops.fused import gating, split_heads  # importing gdn_export.ops defines torch.ops.gdn
 
 
@@ -48,7 +56,7 @@ class FusedOpRecurrence(nn.Module):
 RECURRENCES: dict[str, Callable[[], nn.Module]] = {
     "portable": InplaceOpRecurrence,
     "xnnpack": InplaceOpRecurrence,
-    "cuda": FusedOpRecurrence,
+    "cuda": CudaFusedRecurrence,
     "metal": FusedOpRecurrence,
 }
 
