@@ -1,8 +1,9 @@
-"""``gdn-bench cuda``'s decode columns compute the op they are timed as.
+"""``gdn-bench cuda``'s columns compute the op they are timed as.
 
 The decode floors of the CUDA issue compare ours with ExecuTorch's kernel
-launched the way the bench launches it, so each of those calls is checked here
-against the fp64 reference from fresh random inputs at the bench's shape.
+launched the way the bench launches it, so each of those calls (and our
+prefill column) is checked here against the fp64 reference, from fresh random
+inputs the bench's own input builders make at its head shapes.
 Without a GPU this runs under Triton's interpreter in a child process
 (tests/triton_interpreter.py); ExecuTorch's autotuner cannot time configs
 there, so it is held to its first config.
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from gdn_export.ops import reference
-from gdn_export.ops.conformance import relative_error
+from gdn_export.ops.conformance import OpCase, relative_error
 from gdn_export.ops.fused import gating
 from tests.triton_interpreter import DEVICE, INTERPRETED, ON_CUDA, rerun_under_triton_interpreter
 
@@ -27,6 +28,9 @@ def bound(actual: torch.Tensor) -> float:
     (the inputs are exact and the reference computes the gates in fp64 too).
     """
     return 1.05 * 2.0 ** -7 if actual.dtype == torch.bfloat16 else 1e-5
+
+
+BF16_CALLER_BOUND = OpCase(dtype=torch.bfloat16).tolerance
 
 
 if not (INTERPRETED or ON_CUDA):
@@ -49,7 +53,7 @@ else:
         generator = torch.Generator(device=DEVICE).manual_seed(torch.seed())
         return bench._decode_inputs(2, generator, device=DEVICE)
 
-    def expected(x, from_raw_gates=True):
+    def expected(x, from_raw_gates=True, all_tokens=False):
         # The fused kernels compute the gates from the raw a/b in fp32, so the reference does so
         # in fp64; the unfused op is handed x["g"]/x["beta"] (beta rounded to bf16) and gets those.
         query, key, value = (x[name].double() for name in ("query", "key", "value"))
@@ -61,7 +65,7 @@ else:
             query, key, value, g, beta, x["state"].double(),
             scale=bench.HEAD_DIM ** -0.5, use_qk_l2norm=True,
         )
-        return output[:, 0], state
+        return (output if all_tokens else output[:, 0]), state
 
     def test_ours_fused_updates_the_state_in_place(implementations, inputs):
         expected_output, expected_state = expected(inputs)
@@ -93,3 +97,12 @@ else:
         output = implementations[bench.EXECUTORCH_DECODE_AS_RUN](inputs)()
         assert relative_error(output.double(), expected_output) <= bound(output)
         assert relative_error(inputs["state"].double(), expected_state) <= bound(inputs["state"])
+
+    def test_ours_fused_chunked_updates_the_state_in_place():
+        x = bench._prefill_inputs(20, torch.Generator(device=DEVICE).manual_seed(torch.seed()), device=DEVICE)
+        expected_output, expected_state = expected(x, all_tokens=True)
+        output = bench._prefill_implementations()[bench.OURS_PREFILL](x)()
+        # For bf16 callers the chunked kernels keep their chunk tensors in bf16 and multiply at
+        # bf16 rate: the conformance table's bf16 bound, for output and state alike.
+        assert relative_error(output.double(), expected_output) <= BF16_CALLER_BOUND
+        assert relative_error(x["state"].double(), expected_state) <= BF16_CALLER_BOUND

@@ -40,6 +40,7 @@ COPY_FLOOR = "copy floor (state read + write)"
 EXECUTORCH_DECODE = "ExecuTorch 1.5.1 decode kernel, new state to rotated buffers"
 EXECUTORCH_DECODE_WRAPPER = "ExecuTorch 1.5.1 fused_deltanet_decode (its op: new state at one graph address)"
 EXECUTORCH_DECODE_AS_RUN = "ExecuTorch 1.5.1 fused_deltanet_decode + state copy-back (as its model runs it)"
+OURS_PREFILL = "ours: fused chunked (in place)"
 FLA_PREFILL = "fla-core 0.6.0 chunk_gated_delta_rule"
 ROTATION_BYTES_OVER_L2 = 4  # rotate through this many times the L2 size
 DECODE_SWEEP = (  # (value block, warps) for --sweep
@@ -243,7 +244,7 @@ def _decode_implementations(sweep: bool):
     return impls
 
 
-def _prefill_inputs(length: int, generator):
+def _prefill_inputs(length: int, generator, device: str = "cuda"):
     import torch
     import torch.nn.functional as F
 
@@ -277,7 +278,7 @@ def _prefill_implementations(sweep: bool = False):
     import cuda_backend  # noqa: F401
 
     impls = {}
-    impls["ours: fused chunked (in place)"] = lambda x: (
+    impls[OURS_PREFILL] = lambda x: (
         lambda: torch.ops.gdn_cuda.fused_chunked_gated_delta_rule(
             x["mixed_qkv"], x["a"], x["b"], x["A_log"], x["dt_bias"], x["state"]
         )
