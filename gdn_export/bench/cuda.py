@@ -419,7 +419,7 @@ def run(args) -> int:
         batches = [int(x) for x in args.batches.split(",")]
         lengths = [int(x) for x in args.lengths.split(",")]
     except ValueError:
-        print(f"gdn-bench cuda: --batches/--lengths must be comma-separated integers", file=sys.stderr)
+        print("gdn-bench cuda: --batches/--lengths must be comma-separated integers", file=sys.stderr)
         return 2
     properties = torch.cuda.get_device_properties(0)
     l2_bytes = getattr(properties, "L2_cache_size", 50 * 2**20)
