@@ -35,7 +35,7 @@ BF16_CALLER_BOUND = OpCase(dtype=torch.bfloat16).tolerance
 
 if not (INTERPRETED or ON_CUDA):
 
-    def test_bench_decode_columns_under_triton_interpreter():
+    def test_bench_columns_under_triton_interpreter():
         rerun_under_triton_interpreter(__file__)
 
 else:

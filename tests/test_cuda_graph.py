@@ -109,12 +109,10 @@ print(json.dumps(errors))
 def test_exported_program_runs_like_the_reference_model(cuda_model, checkpoint, tmp_path):
     """What ``export_qwen35 --backend cuda`` hands to CudaBackend (forward with T dynamic, so the
     chunked op for every call) computes the reference model's logits: prefill, then decode steps."""
-    tokens = torch.zeros(1, 2, dtype=torch.long)
-    length = torch.export.Dim("token_dim", min=1, max=16)
-    with torch.no_grad():
-        program = torch.export.export(
-            cuda_model, (tokens, torch.zeros(1, dtype=torch.long)), dynamic_shapes=({1: length}, None), strict=False
-        )
+    from gdn_export.export import ExportRequest, export_program
+
+    request = ExportRequest(checkpoint, tmp_path / "unused.pte", "cuda", torch.float32, 64, "none", prefill_chunk=16)
+    program = export_program(cuda_model, request)
     path = tmp_path / "program.pt2"
     torch.export.save(program, path)
     generator = torch.Generator().manual_seed(torch.seed())
