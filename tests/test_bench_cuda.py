@@ -17,7 +17,7 @@ import torch
 from gdn_export.ops import reference
 from gdn_export.ops.conformance import OpCase, relative_error
 from gdn_export.ops.fused import gating
-from tests.triton_interpreter import DEVICE, INTERPRETED, ON_CUDA, rerun_under_triton_interpreter
+from tests.triton_interpreter import DEVICE, INTERPRETED, ON_CUDA, rerun_module
 
 
 def bound(actual: torch.Tensor) -> float:
@@ -36,7 +36,7 @@ BF16_CALLER_BOUND = OpCase(dtype=torch.bfloat16).tolerance
 if not (INTERPRETED or ON_CUDA):
 
     def test_bench_columns_under_triton_interpreter():
-        rerun_under_triton_interpreter(__file__)
+        rerun_module(__file__)
 
 else:
     from gdn_export.bench import cuda as bench

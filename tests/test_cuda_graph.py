@@ -7,10 +7,6 @@ implementations, so no GPU (and no Triton interpreter) is needed.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,28 +14,20 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")  # the CUDA rewrite's ops are triton_ops
 
+from tests.triton_interpreter import INTERPRETED, rerun_module, run_under_triton_interpreter  # noqa: E402
+
 # torch.export cannot trace the interpreter's kernels (it would run them on fake
 # tensors): under TRITON_INTERPRET=1 this module reruns itself without it.
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 if INTERPRETED:
 
     def test_graph_tests_without_the_interpreter():
-        environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        environment["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
-        child = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-            cwd=environment["PYTHONPATH"], env=environment, capture_output=True, text=True, timeout=900,
-        )
-        assert child.returncode == 0, f"graph tests failed:\n{child.stdout[-6000:]}\n{child.stderr[-3000:]}"
+        rerun_module(__file__, interpret=False)
 
 
 directly = pytest.mark.skipif(INTERPRETED, reason="rerun without TRITON_INTERPRET by the test above")
 
 from cuda_backend.lowering import CudaLoweringError, depthwise_conv1d_as_products, lower_to_cuda  # noqa: E402
 from gdn_export.passes import rewrite  # noqa: E402
-from tests.triton_interpreter import run_under_triton_interpreter  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -25,13 +25,13 @@ from gdn_export.ops.conformance import (
     run_case,
     run_fused_case,
 )
-from tests.triton_interpreter import DEVICE, INTERPRETED, ON_CUDA, rerun_under_triton_interpreter
+from tests.triton_interpreter import DEVICE, INTERPRETED, ON_CUDA, rerun_module
 
 
 if not (INTERPRETED or ON_CUDA):
 
     def test_kernels_under_triton_interpreter():
-        rerun_under_triton_interpreter(__file__)
+        rerun_module(__file__)
 
 else:
     from tests.conformance.triton_implementations import triton_implementation
