@@ -53,18 +53,9 @@ def _exported(model, length: int, dynamic: bool, device: str):
     if not dynamic:
         with torch.no_grad():
             return torch.export.export(model, (tokens, input_pos), strict=False)
-    try:
-        shapes = ({1: torch.export.Dim("token_dim", min=1, max=MAX_PREFILL)}, None)
-        with torch.no_grad():
-            return torch.export.export(model, (tokens, input_pos), dynamic_shapes=shapes, strict=False)
-    except torch._dynamo.exc.UserError as error:
-        # torch 2.11 cannot prove a stride guard of the attention layer over the named range
-        # (torch 2.13 can); Dim.DYNAMIC keeps T dynamic and records the guard instead.
-        print(f"named Dim refused ({str(error).splitlines()[1].strip()[:160]}); using Dim.DYNAMIC", flush=True)
-        with torch.no_grad():
-            return torch.export.export(
-                model, (tokens, input_pos), dynamic_shapes=({1: torch.export.Dim.DYNAMIC}, None), strict=False
-            )
+    shapes = ({1: torch.export.Dim("token_dim", min=1, max=MAX_PREFILL)}, None)
+    with torch.no_grad():
+        return torch.export.export(model, (tokens, input_pos), dynamic_shapes=shapes, strict=False)
 
 
 def _gdn_ops(program) -> list[str]:

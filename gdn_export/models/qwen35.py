@@ -321,8 +321,12 @@ class MaskedCacheAttention(nn.Module):
         scores = torch.bmm(grouped_query, k_cache.to(query.dtype)) * head_dim**-0.5
         scores = scores.masked_fill(~mask.repeat(group, 1), float("-inf"))  # [Hkv, G*T, S]
         weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        # unflatten rather than reshape: export proves it valid for every T.
-        return torch.bmm(weights, v_cache.to(query.dtype)).unflatten(1, (group, length)).flatten(0, 1)
+        attended = torch.bmm(weights, v_cache.to(query.dtype)).unflatten(1, (group, length))  # [Hkv, G, T, D]
+        # The KV heads' [G, T, D] blocks concatenated, not viewed as one [H, T, D]: a view
+        # merges two dims strided by T, whose stride min(G*T*D, T*D) torch.export cannot
+        # prove equal to T*D over a named range of T (2.13 with view or reshape, 2.11 with
+        # flatten too). cat writes a fresh contiguous tensor, so no such guard arises.
+        return torch.cat(attended.unbind(0), dim=0)
 
 
 class GatedAttention(nn.Module):
