@@ -19,13 +19,16 @@ def _positive_int(text: str) -> int:
 
 def export_main(argv=None) -> int:
     from gdn_export import export
+    from gdn_export.backends import backend_names, default_backend
+    from gdn_export.checkpoint import CheckpointError
 
     parser = argparse.ArgumentParser(
         prog="export_qwen35", description="Export a Hugging Face Qwen3.5 folder to an ExecuTorch .pte program."
     )
     parser.add_argument("--checkpoint", required=True, help="Hugging Face folder (config.json, safetensors, tokenizer.json)")
     parser.add_argument("--output", required=True, help="the .pte file to write")
-    parser.add_argument("--backend", default="xnnpack", choices=export.BACKENDS)
+    parser.add_argument("--backend", default=default_backend(), choices=backend_names(),
+                        help="the registered backend to lower for (default %(default)s)")
     parser.add_argument("--dtype", default="fp32", choices=tuple(export.DTYPES))
     parser.add_argument("--max-seq-len", type=_positive_int, default=export.DEFAULT_MAX_SEQ_LEN,
                         help="context length: size of the KV cache (default %(default)s)")
@@ -33,8 +36,6 @@ def export_main(argv=None) -> int:
     parser.add_argument("--prefill-chunk", type=_positive_int, default=None,
                         help=f"most tokens per forward call (default min({export.DEFAULT_PREFILL_CHUNK}, --max-seq-len))")
     args = parser.parse_args(argv)
-    from gdn_export.loading import CheckpointError
-
     try:
         summary = export.export_qwen35(
             args.checkpoint, args.output, backend=args.backend, dtype=args.dtype,

@@ -15,23 +15,12 @@ tools; elsewhere ``lower_to_metal`` raises a clear error before doing anything.
 from __future__ import annotations
 
 import contextlib
-import platform
 from typing import Optional
 
 import torch
 
 from metal_backend import shims
-
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
-
-
-def unavailable_reason() -> Optional[str]:
-    """Why Metal lowering cannot run on this machine, or None."""
-    if platform.system() != "Darwin":
-        return f"this machine runs {platform.system()}"
-    if not torch.backends.mps.is_available():
-        return "torch.backends.mps.is_available() is False (Apple silicon and macOS 14+ needed)"
-    return None
+from metal_backend.backend import METAL, SUPPORTED_HEAD_DIMS
 
 
 @contextlib.contextmanager
@@ -98,7 +87,8 @@ def check_head_dims(program: torch.export.ExportedProgram) -> None:
         key_dim, value_dim = int(value.shape[-2]), int(value.shape[-1])
         if key_dim not in SUPPORTED_HEAD_DIMS or value_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(
-                f"--backend metal: the Metal kernels support linear-attention head dims in {{64, 128, 256}}, "
+                f"--backend metal: the Metal kernels support linear-attention head dims in "
+                f"{{{', '.join(map(str, SUPPORTED_HEAD_DIMS))}}}, "
                 f"this model has Dk={key_dim}, Dv={value_dim} (node {node.name}); export it with "
                 "--backend xnnpack or --backend portable instead"
             )
@@ -111,35 +101,20 @@ def lower_to_metal(program, *, metadata: Optional[dict] = None):
     ``.ptd`` (``gdn_export.export.write_program``). Raises RuntimeError off macOS
     and ValueError for head dims the Metal kernels do not cover.
     """
-    reason = unavailable_reason()
+    reason = METAL.unavailable_reason()
     if reason is not None:
-        raise RuntimeError(
-            f"--backend metal lowers only on macOS with Xcode and an Apple-silicon GPU: {reason}. "
-            "Export with --backend xnnpack or portable here, or run this export on a Mac."
-        )
+        raise RuntimeError(reason)
     programs = program if isinstance(program, dict) else {"forward": program}
     for exported in programs.values():
         check_head_dims(exported)
     from executorch.backends.apple.metal.metal_partitioner import MetalPartitioner
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
+
+    from gdn_export.lowering import lower_programs
 
     with gdn_shims_in_metal_backend() as metal_backend:
-        partitioners = {
-            name: [MetalPartitioner([metal_backend.generate_method_name_compile_spec(name)])] for name in programs
-        }
-        edge = to_edge_transform_and_lower(
+        return lower_programs(
             programs,
-            partitioner=partitioners,
-            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-            constant_methods=metadata,
+            metadata=metadata,
+            partitioners=lambda name: [MetalPartitioner([metal_backend.generate_method_name_compile_spec(name)])],
+            skip_dim_order=True,
         )
-        manager = edge.to_executorch(
-            ExecutorchBackendConfig(
-                extract_delegate_segments=True,
-                do_quant_fusion_and_const_prop=True,
-                # Graph inputs are the caller's tensors: don't plan memory for them.
-                memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
-            )
-        )
-    return manager

@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 from gdn_export.ops import contract, fused
+from metal_backend.backend import SUPPORTED_HEAD_DIMS
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SIMD_WIDTH = 32
 SIMDGROUPS_PER_THREADGROUP = 4
 COLUMNS_PER_THREADGROUP = 4 * SIMDGROUPS_PER_THREADGROUP
@@ -83,7 +83,8 @@ def _strides(tensor: torch.Tensor, count: int) -> list[int]:
 def unsupported_reason(key_dim: int, value_dim: int, *tensors: torch.Tensor) -> str | None:
     """Why the Metal kernels cannot run a call (then the reference runs), or None."""
     if key_dim not in SUPPORTED_HEAD_DIMS or value_dim not in SUPPORTED_HEAD_DIMS:
-        return f"the Metal kernels support head dims Dk, Dv in {{64, 128, 256}}, got Dk={key_dim}, Dv={value_dim}"
+        supported = ", ".join(map(str, SUPPORTED_HEAD_DIMS))
+        return f"the Metal kernels support head dims Dk, Dv in {{{supported}}}, got Dk={key_dim}, Dv={value_dim}"
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) != 1 or not dtypes <= set(METAL_TYPE_NAMES):
         return f"the Metal kernels read one float32/bfloat16/float16 input dtype, got {sorted(map(str, dtypes))}"

@@ -66,7 +66,7 @@ def test_prefill_export_holds_the_chunked_op(cuda_model):
 
 @directly
 def test_rewrite_for_cuda_gives_the_triton_recurrence(cuda_model):
-    from gdn_export.passes.cuda import CudaFusedRecurrence
+    from cuda_backend.recurrence import CudaFusedRecurrence
 
     layers = [m for m in cuda_model.modules() if hasattr(m, "recurrence")]
     assert layers and all(type(m.recurrence) is CudaFusedRecurrence for m in layers)
@@ -97,10 +97,9 @@ print(json.dumps(errors))
 def test_exported_program_runs_like_the_reference_model(cuda_model, checkpoint, tmp_path):
     """What ``export_qwen35 --backend cuda`` hands to CudaBackend (forward with T dynamic, so the
     chunked op for every call) computes the reference model's logits: prefill, then decode steps."""
-    from gdn_export.export import ExportRequest, export_program
+    from gdn_export.export import export_forward
 
-    request = ExportRequest(checkpoint, tmp_path / "unused.pte", "cuda", torch.float32, 64, "none", prefill_chunk=16)
-    program = export_program(cuda_model, request)
+    program = export_forward(cuda_model, prefill_chunk=16)
     path = tmp_path / "program.pt2"
     torch.export.save(program, path)
     generator = torch.Generator().manual_seed(torch.seed())

@@ -1,0 +1,162 @@
+"""What a backend is, and the registry that finds the installed ones.
+
+A backend (CPU portable or XNNPACK, CUDA, Metal) says which recurrence and
+attention each layer of the model gets, which head dims and quantizations its
+kernels cover, whether this machine can lower for it, and how an exported
+program is lowered. Each lives in its own package and announces itself as an
+entry point of the group ``gdn_export.backends`` (``name = module:attribute``
+in ``pyproject.toml``), in the spirit of ggml's backend registry: the core
+imports no backend module, it asks the registry by name, and the registry
+imports a backend's module only when that backend is asked for.
+
+The group ``gdn_export.kernels`` names functions that ``import gdn_export``
+calls once: the CPU kernels register with PyTorch and ExecuTorch that way, so
+any ``.pte`` of ours runs in ``executorch.runtime`` after ``import gdn_export``.
+
+In a source checkout (installed in editable mode, or run from ``PYTHONPATH``
+as on the lent GPU machines) the registry reads the two tables from the
+checkout's ``pyproject.toml``; an installed package reads its metadata.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+BACKENDS_GROUP = "gdn_export.backends"
+KERNELS_GROUP = "gdn_export.kernels"
+DISTRIBUTION = "gdn-export"
+_PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+class Backend:
+    """One target of ``export_qwen35 --backend``; subclasses override what differs.
+
+    The defaults describe a backend whose kernels take any head dims, that
+    quantizes nothing, runs on any machine and keeps the model's attention.
+    """
+
+    name: str = ""
+    summary: str = ""
+    # Linear-attention head dims (Dk and Dv) the backend's kernels cover; None: any.
+    head_dims: Optional[tuple[int, ...]] = None
+    quantizations: tuple[str, ...] = ("none",)
+    # Where the program's weights go: False keeps them in the .pte, True in .ptd files beside it.
+    writes_data_files: bool = False
+
+    def unavailable_reason(self) -> Optional[str]:
+        """Why this machine cannot lower for the backend (one sentence), or None."""
+        return None
+
+    def recurrence(self) -> "nn.Module":
+        """A fresh recurrence module for one Gated DeltaNet layer (see ``gdn_export.passes``)."""
+        raise NotImplementedError(f"backend {self.name!r} defines no recurrence")
+
+    def attention(self, layer) -> Optional["nn.Module"]:
+        """The ``attend`` module for one full-attention layer, or None to keep the model's own."""
+        return None
+
+    def export_methods(self, model, prefill_chunk: int) -> dict[str, "torch.export.ExportedProgram"]:
+        """The program's methods, exported; by default ExecuTorch's LLM ``forward`` with a dynamic T."""
+        from gdn_export.export import export_forward
+
+        return {"forward": export_forward(model, prefill_chunk)}
+
+    def lower(self, programs: dict, metadata: dict):
+        """The ExecutorchProgramManager of ``programs`` ({method: ExportedProgram}) with ``metadata``."""
+        raise NotImplementedError(f"backend {self.name!r} defines no lowering")
+
+    def load_runtime(self) -> None:
+        """Load what this backend's programs need at run time, beyond ``import gdn_export``."""
+
+    def conformance_implementations(self) -> list:
+        """The backend's implementations of the gdn ops, for the conformance suite (may be empty)."""
+        return []
+
+    def __repr__(self) -> str:
+        return f"<gdn_export backend {self.name!r}>"
+
+
+def _pyproject_entry_points(group: str) -> dict[str, str]:
+    """``{name: "module:attribute"}`` of ``group`` in the checkout's pyproject.toml."""
+    import tomllib
+
+    if not _PYPROJECT.is_file():
+        return {}
+    with open(_PYPROJECT, "rb") as handle:
+        table = tomllib.load(handle)
+    return dict(table.get("project", {}).get("entry-points", {}).get(group, {}))
+
+
+@functools.lru_cache(maxsize=None)
+def _entry_points(group: str) -> dict[str, str]:
+    """``{name: "module:attribute"}`` of ``group``, in the order declared.
+
+    A source checkout's pyproject.toml is the truth for the modules beside it
+    (an editable install's metadata may be older than the tree); an installed
+    package has no pyproject.toml beside it and reads its metadata.
+    """
+    if _PYPROJECT.is_file():
+        return _pyproject_entry_points(group)
+    try:
+        distribution = importlib.metadata.distribution(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    return {entry.name: entry.value for entry in distribution.entry_points if entry.group == group}
+
+
+def _load(reference: str):
+    module_name, _, attribute = reference.partition(":")
+    value = importlib.import_module(module_name)
+    for part in filter(None, attribute.split(".")):
+        value = getattr(value, part)
+    return value
+
+
+def backend_names() -> tuple[str, ...]:
+    """The registered backends' names (imports none of them); the first is the default."""
+    return tuple(_entry_points(BACKENDS_GROUP))
+
+
+def default_backend() -> str:
+    return backend_names()[0]
+
+
+class UnknownBackend(ValueError):
+    """A backend name that no installed package registers."""
+
+
+@functools.lru_cache(maxsize=None)
+def get_backend(name: str) -> Backend:
+    """The backend registered as ``name``; raises UnknownBackend naming the registered ones."""
+    entries = _entry_points(BACKENDS_GROUP)
+    if name not in entries:
+        raise UnknownBackend(f"unknown backend {name!r}; expected one of {', '.join(entries)}")
+    backend = _load(entries[name])
+    if not isinstance(backend, Backend) or backend.name != name:
+        raise TypeError(f"entry point {name} = {entries[name]} is not the gdn_export Backend named {name!r}")
+    return backend
+
+
+def load_kernels() -> dict[str, Exception]:
+    """Call each ``gdn_export.kernels`` entry once; returns {name: error} of those that failed.
+
+    A failure is a warning, not an error: without the CPU kernels the ops'
+    pure-PyTorch reference keeps serving every eager call.
+    """
+    failures = {}
+    for name, reference in _entry_points(KERNELS_GROUP).items():
+        try:
+            _load(reference)()
+        except (ImportError, OSError, RuntimeError) as error:
+            failures[name] = error
+            warnings.warn(f"{error}; using the pure-PyTorch reference on CPU", RuntimeWarning, stacklevel=3)
+    return failures
