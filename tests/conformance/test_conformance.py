@@ -15,21 +15,19 @@ from gdn_export.ops.conformance import (
     run_fused_case,
 )
 
-from .implementations import IMPLEMENTATIONS
+from tests.conftest import UNSUPPORTED_PROPERTY
 
-UNSUPPORTED_REPORT = []
+from .implementations import IMPLEMENTATIONS
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda impl: impl.name)
-def test_case(impl, case):
-    seed = torch.seed()  # fresh inputs every run; the seed is in every failure message
-    generator = torch.Generator().manual_seed(seed)
+def test_case(impl, case, generator, request):
     inputs = make_inputs(case, generator, device=impl.device)
     reason = impl.unsupported(case)
     if reason is not None:
         # Unsupported is reported (see the summary) and must fail loudly, never silently.
-        UNSUPPORTED_REPORT.append(f"{impl.name}: {case.name}: {reason}")
+        request.node.user_properties.append((UNSUPPORTED_PROPERTY, f"{impl.name}: {case.name}: {reason}"))
         with pytest.raises((NotImplementedError, ValueError, RuntimeError)):
             run_case(impl, case, inputs)
         return
@@ -39,8 +37,8 @@ def test_case(impl, case):
     assert output.dtype == case.dtype and final_state.dtype == torch.float32
     output_error = relative_error(output, expected_output)
     state_error = relative_error(final_state, expected_state)
-    assert output_error <= case.tolerance, f"output error {output_error:.3g} (seed {seed})"
-    assert state_error <= case.tolerance, f"final_state error {state_error:.3g} (seed {seed})"
+    assert output_error <= case.tolerance, f"output error {output_error:.3g}"
+    assert state_error <= case.tolerance, f"final_state error {state_error:.3g}"
     for before, after in zip(untouched, inputs.as_args()):
         assert torch.equal(before, after), "an input was modified"
 
@@ -50,13 +48,12 @@ FUSED_IMPLEMENTATIONS = [impl for impl in IMPLEMENTATIONS if impl.fused is not N
 
 @pytest.mark.parametrize("case", FUSED_CASES, ids=lambda case: case.name)
 @pytest.mark.parametrize("impl", FUSED_IMPLEMENTATIONS, ids=lambda impl: impl.name)
-def test_fused_case(impl, case):
+def test_fused_case(impl, case, generator, request):
     """gdn.fused_gated_delta_rule against the unfused reference after reference gating."""
-    seed = torch.seed()
-    inputs = make_fused_inputs(case, torch.Generator().manual_seed(seed), device=impl.device)
+    inputs = make_fused_inputs(case, generator, device=impl.device)
     reason = impl.unsupported(case)
     if reason is not None:
-        UNSUPPORTED_REPORT.append(f"{impl.name} (fused): {case.name}: {reason}")
+        request.node.user_properties.append((UNSUPPORTED_PROPERTY, f"{impl.name} (fused): {case.name}: {reason}"))
         with pytest.raises((NotImplementedError, ValueError, RuntimeError)):
             run_fused_case(impl, case, inputs)
         return
@@ -65,5 +62,5 @@ def test_fused_case(impl, case):
     assert output.dtype == case.dtype and final_state.dtype == torch.float32
     output_error = relative_error(output, expected_output)
     state_error = relative_error(final_state, expected_state)
-    assert output_error <= case.tolerance, f"output error {output_error:.3g} (seed {seed})"
-    assert state_error <= case.tolerance, f"final_state error {state_error:.3g} (seed {seed})"
+    assert output_error <= case.tolerance, f"output error {output_error:.3g}"
+    assert state_error <= case.tolerance, f"final_state error {state_error:.3g}"
