@@ -23,6 +23,7 @@ import torch
 RUN_SEED_VARIABLE = "GDN_TEST_SEED"
 # Reported by tests that run an implementation on cases it does not support (see tests/conformance/).
 UNSUPPORTED_PROPERTY = "unsupported"
+UNSUPPORTED_SECTION = "conformance: unsupported cases (each raised a clear error)"
 
 
 def run_seed() -> int:
@@ -94,6 +95,6 @@ def pytest_terminal_summary(terminalreporter):
         if name == UNSUPPORTED_PROPERTY
     ]
     if lines:
-        terminalreporter.section("conformance: unsupported cases (each raised a clear error)")
+        terminalreporter.section(UNSUPPORTED_SECTION)
         for line in lines:
             terminalreporter.line(line)

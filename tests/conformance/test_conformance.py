@@ -1,66 +1,144 @@
-"""Run every implementation over the one case table (see gdn_export.ops.conformance)."""
+"""Every implementation of the gdn ops over the one case table (gdn_export.ops.conformance).
+
+The rows: the core's (``op-cpu``, the registered ops; ``reference``) and those
+of every registered backend (``Backend.conformance_implementations``):
+runtime_ops' C++ kernels eagerly and inside ``.pte`` programs (the portable and
+xnnpack backends share them), cuda_backend's Triton kernels, metal_backend's
+kernels on MPS and emulated. Each implementation runs ``CASES`` and
+``FUSED_CASES`` (as its ``op_cases`` selects them) and, if it implements
+``gdn::cached_attention``, ``ATTENTION_CASES``, against fp64 references, with
+its outputs NaN-poisoned before it writes them.
+
+A case an implementation does not support must raise a clear error; it is
+listed in the run's summary ("conformance: unsupported cases"), never skipped.
+
+Triton's kernels: on a GPU, the whole table runs on CUDA tensors (``op-cuda``,
+in this process). Without one they run under Triton's interpreter, which must
+be on before Triton is imported: ``test_rows_in_a_child_process`` reruns this
+module for those rows in a child started with ``TRITON_INTERPRET=1``
+(tests/triton_interpreter.py). The interpreter takes seconds per case, so
+there the rows are a documented subset (``cuda_backend.conformance.INTERPRETED_CASES``
+and every refused case). ``-k cuda`` selects the Triton rows; ``-k metal``
+Metal's.
+"""
+
+import os
+import re
 
 import pytest
 import torch
 
+from gdn_export.backends import backend_names, get_backend
 from gdn_export.ops.conformance import (
+    ATTENTION_CASES,
     CASES,
     FUSED_CASES,
+    REFERENCE_IMPLEMENTATIONS,
+    expected_attention_output,
     expected_fused_outputs,
     expected_outputs,
+    make_attention_inputs,
     make_fused_inputs,
     make_inputs,
     relative_error,
+    run_attention_case,
     run_case,
     run_fused_case,
 )
+from tests.conftest import UNSUPPORTED_PROPERTY, UNSUPPORTED_SECTION
+from tests.triton_interpreter import run_pytest_child
 
-from tests.conftest import UNSUPPORTED_PROPERTY
+from .checks import assert_within_tolerance
 
-from .implementations import IMPLEMENTATIONS
+UNSUPPORTED_ERRORS = (NotImplementedError, ValueError, RuntimeError)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
-@pytest.mark.parametrize("impl", IMPLEMENTATIONS, ids=lambda impl: impl.name)
+def registered_implementations() -> list:
+    """The core's implementations, then each registered backend's, each once."""
+    implementations = {impl.name: impl for impl in REFERENCE_IMPLEMENTATIONS}
+    for backend_name in backend_names():
+        for impl in get_backend(backend_name).conformance_implementations():
+            if implementations.setdefault(impl.name, impl) is not impl:
+                raise ValueError(f"two implementations are named {impl.name!r} (backend {backend_name!r} lists one)")
+    return list(implementations.values())
+
+
+def runs_here(impl) -> bool:
+    return all(os.environ.get(name) == value for name, value in impl.environment)
+
+
+IMPLEMENTATIONS = registered_implementations()
+HERE = [impl for impl in IMPLEMENTATIONS if runs_here(impl)]
+IN_CHILD = [impl for impl in IMPLEMENTATIONS if not runs_here(impl)]
+
+
+def rows(tables: dict) -> list:
+    """pytest params (impl, case), id "<impl>-<case>", of each implementation in ``tables`` {impl: cases}."""
+    return [pytest.param(impl, case, id=f"{impl.name}-{case.name}") for impl, cases in tables.items() for case in cases]
+
+
+def check_unsupported(impl, case, run, inputs, request) -> bool:
+    """Whether ``impl`` refuses ``case``; if so, ``run`` must raise, leaving the inputs untouched."""
+    reason = impl.unsupported(case)
+    if reason is None:
+        return False
+    request.node.user_properties.append((UNSUPPORTED_PROPERTY, f"{impl.name}: {case.name}: {reason}"))
+    untouched = [t.clone() for t in inputs.as_args()]
+    with pytest.raises(UNSUPPORTED_ERRORS):
+        run(impl, case, inputs)
+    assert all(torch.equal(before, after) for before, after in zip(untouched, inputs.as_args())), (
+        "an input was modified by a refused call"
+    )
+    return True
+
+
+@pytest.mark.parametrize("impl,case", rows({impl: impl.op_cases(CASES) for impl in HERE}))
 def test_case(impl, case, generator, request):
     inputs = make_inputs(case, generator, device=impl.device)
-    reason = impl.unsupported(case)
-    if reason is not None:
-        # Unsupported is reported (see the summary) and must fail loudly, never silently.
-        request.node.user_properties.append((UNSUPPORTED_PROPERTY, f"{impl.name}: {case.name}: {reason}"))
-        with pytest.raises((NotImplementedError, ValueError, RuntimeError)):
-            run_case(impl, case, inputs)
+    if check_unsupported(impl, case, run_case, inputs, request):
         return
     expected_output, expected_state = expected_outputs(case, inputs)
     untouched = [t.clone() for t in inputs.as_args()]
     output, final_state = run_case(impl, case, inputs)
-    assert output.dtype == case.dtype and final_state.dtype == torch.float32
-    output_error = relative_error(output, expected_output)
-    state_error = relative_error(final_state, expected_state)
-    assert output_error <= case.tolerance, f"output error {output_error:.3g}"
-    assert state_error <= case.tolerance, f"final_state error {state_error:.3g}"
+    assert_within_tolerance(case, output, final_state, expected_output, expected_state)
     for before, after in zip(untouched, inputs.as_args()):
         assert torch.equal(before, after), "an input was modified"
 
 
-FUSED_IMPLEMENTATIONS = [impl for impl in IMPLEMENTATIONS if impl.fused is not None]
-
-
-@pytest.mark.parametrize("case", FUSED_CASES, ids=lambda case: case.name)
-@pytest.mark.parametrize("impl", FUSED_IMPLEMENTATIONS, ids=lambda impl: impl.name)
+@pytest.mark.parametrize("impl,case", rows({impl: impl.op_cases(FUSED_CASES) for impl in HERE if impl.fused}))
 def test_fused_case(impl, case, generator, request):
     """gdn.fused_gated_delta_rule against the unfused reference after reference gating."""
     inputs = make_fused_inputs(case, generator, device=impl.device)
-    reason = impl.unsupported(case)
-    if reason is not None:
-        request.node.user_properties.append((UNSUPPORTED_PROPERTY, f"{impl.name} (fused): {case.name}: {reason}"))
-        with pytest.raises((NotImplementedError, ValueError, RuntimeError)):
-            run_fused_case(impl, case, inputs)
+    if check_unsupported(impl, case, run_fused_case, inputs, request):
         return
     expected_output, expected_state = expected_fused_outputs(case, inputs)
     output, final_state = run_fused_case(impl, case, inputs)
-    assert output.dtype == case.dtype and final_state.dtype == torch.float32
-    output_error = relative_error(output, expected_output)
-    state_error = relative_error(final_state, expected_state)
-    assert output_error <= case.tolerance, f"output error {output_error:.3g}"
-    assert state_error <= case.tolerance, f"final_state error {state_error:.3g}"
+    assert_within_tolerance(case, output, final_state, expected_output, expected_state)
+
+
+@pytest.mark.parametrize("impl,case", rows({impl: ATTENTION_CASES for impl in HERE if impl.cached_attention}))
+def test_attention_case(impl, case, generator, request):
+    """gdn::cached_attention against fp64 attention computed row by row."""
+    inputs = make_attention_inputs(case, generator, device=impl.device)
+    if check_unsupported(impl, case, run_attention_case, inputs, request):
+        return
+    untouched = [t.clone() for t in inputs.as_args()]
+    output = run_attention_case(impl, case, inputs)
+    assert output.dtype == case.dtype and output.shape == inputs.query.shape
+    error = relative_error(output, expected_attention_output(case, inputs))
+    assert error <= case.tolerance, f"output error {error:.3g}"
+    for before, after in zip(untouched, inputs.as_args()):
+        assert torch.equal(before, after), "an input was modified"
+
+
+def reported_unsupported(child_output: str) -> list[str]:
+    """The lines of a child run's unsupported-cases summary."""
+    section = re.search(rf"^=+ {re.escape(UNSUPPORTED_SECTION)} =+\n(.*?)(?=^=)", child_output, re.MULTILINE | re.DOTALL)
+    return section.group(1).splitlines() if section else []
+
+
+@pytest.mark.parametrize("impl", IN_CHILD, ids=lambda impl: impl.name)
+def test_rows_in_a_child_process(impl, request):
+    """The rows of ``impl``, in a child process started with the environment it needs."""
+    output = run_pytest_child([__file__, "-k", impl.name], dict(impl.environment))
+    request.node.user_properties += [(UNSUPPORTED_PROPERTY, line) for line in reported_unsupported(output)]
