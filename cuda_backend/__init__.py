@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 
 import gdn_export.ops  # noqa: F401  (defines the gdn ops the kernels implement)
-from cuda_backend.backend import SUPPORTED_HEAD_DIMS
+from cuda_backend.kernels import SUPPORTED_HEAD_DIMS
 
 TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 

@@ -30,7 +30,7 @@ from torch.library import triton_op, wrap_triton
 from gdn_export.ops.contract import CHUNKED_MIN_LENGTH, NAMESPACE, check_inputs, check_out_tensors
 from gdn_export.ops.fused import check_fused_inputs, split_heads
 
-from cuda_backend.backend import SUPPORTED_HEAD_DIMS
+from cuda_backend.kernels import SUPPORTED_HEAD_DIMS
 from cuda_backend.kernels.chunked import chunk_output_kernel, chunk_prepare_kernel, chunk_state_kernel
 from cuda_backend.kernels.recurrent import recurrent_gated_delta_rule_kernel
 

@@ -15,12 +15,27 @@ tools; elsewhere ``lower_to_metal`` raises a clear error before doing anything.
 from __future__ import annotations
 
 import contextlib
+import platform
 from typing import Optional
 
 import torch
 
 from metal_backend import shims
-from metal_backend.backend import METAL, SUPPORTED_HEAD_DIMS
+from metal_backend.mps_eager import SUPPORTED_HEAD_DIMS
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why this machine cannot lower for Metal (the export's one-line error), or None."""
+    if platform.system() != "Darwin":
+        why = f"this machine runs {platform.system()}"
+    elif not torch.backends.mps.is_available():
+        why = "torch.backends.mps.is_available() is False (Apple silicon and macOS 14+ needed)"
+    else:
+        return None
+    return (
+        f"--backend metal lowers only on macOS with Xcode and an Apple-silicon GPU: {why}. "
+        "Export with --backend xnnpack or portable here, or run this export on a Mac."
+    )
 
 
 @contextlib.contextmanager
@@ -101,7 +116,7 @@ def lower_to_metal(program, *, metadata: Optional[dict] = None):
     ``.ptd`` (``gdn_export.export.write_program``). Raises RuntimeError off macOS
     and ValueError for head dims the Metal kernels do not cover.
     """
-    reason = METAL.unavailable_reason()
+    reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
     programs = program if isinstance(program, dict) else {"forward": program}

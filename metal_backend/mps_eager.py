@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 
 from gdn_export.ops import contract, fused
-from metal_backend.backend import SUPPORTED_HEAD_DIMS
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
+# Head dims (Dk and Dv each) the kernels are written for; others are refused before export.
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SIMD_WIDTH = 32
 SIMDGROUPS_PER_THREADGROUP = 4
 COLUMNS_PER_THREADGROUP = 4 * SIMDGROUPS_PER_THREADGROUP
