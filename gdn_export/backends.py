@@ -33,6 +33,8 @@ from torch import nn
 BACKENDS_GROUP = "gdn_export.backends"
 KERNELS_GROUP = "gdn_export.kernels"
 DISTRIBUTION = "gdn-export"
+# export_qwen35's default: the CPU program people deploy.
+DEFAULT_BACKEND = "xnnpack"
 _PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
@@ -108,7 +110,7 @@ def _pyproject_entry_points(group: str) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=None)
 def _entry_points(group: str) -> dict[str, str]:
-    """``{name: "module:attribute"}`` of ``group``, in the order declared.
+    """``{name: "module:attribute"}`` of ``group`` (installed metadata lists them sorted by name).
 
     A source checkout's pyproject.toml is the truth for the modules beside it
     (an editable install's metadata may be older than the tree); an installed
@@ -132,11 +134,13 @@ def _load(reference: str):
 
 
 def backend_names() -> tuple[str, ...]:
-    """The registered backends' names (imports none of them); the first is the default."""
-    return tuple(_entry_points(BACKENDS_GROUP))
+    """The registered backends' names, the default first, the rest as declared (imports none of them)."""
+    names = tuple(_entry_points(BACKENDS_GROUP))
+    return tuple(sorted(names, key=lambda name: name != DEFAULT_BACKEND))
 
 
 def default_backend() -> str:
+    """The default backend's name where it is registered, else the first registered."""
     return backend_names()[0]
 
 
