@@ -39,7 +39,7 @@ if not (INTERPRETED or ON_CUDA):
         rerun_module(__file__)
 
 else:
-    from gdn_export.bench import cuda as bench
+    from gdn_bench import cuda as bench
 
     @pytest.fixture(scope="module")
     def implementations():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gdn_export.bench import cli, metal
+from gdn_bench import cli, metal
 from gdn_export.ops.conformance import OpCase
 from metal_backend import lowering
 

@@ -49,7 +49,7 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64)" "$OUT/tiny" > "$OUT/lower
       grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/lower.log" | tail -12
       ls -l "$OUT"/*.pte "$OUT"/*.ptd 2>/dev/null ;;
     bench)
-      python3 -m gdn_export.bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
+      python3 -m gdn_bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
           --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;
   esac
 done

@@ -197,7 +197,7 @@ class Workdir:
         log(f"{name}: {child.seconds:.0f} s, peak RSS {child.peak_rss_bytes / 2**30:.2f} GiB")
 
     def ensure_checkpoint(self, seed: int) -> None:
-        code = f"from gdn_export.bench.e2e import build_checkpoint; build_checkpoint({str(self.checkpoint)!r}, {seed})"
+        code = f"from gdn_bench.e2e import build_checkpoint; build_checkpoint({str(self.checkpoint)!r}, {seed})"
         self.build("checkpoint", self.checkpoint, [sys.executable, "-c", code])
 
     def ensure_ours(self, system: str) -> None:
