@@ -7,7 +7,8 @@
 #   conformance: the conformance table's op-cuda rows (107 cases; each compiles its own kernel
 #          variants on a fresh machine, so it takes a call of its own, on 6 pytest-xdist workers:
 #          one at a time does not fit in 10 minutes, and 12 workers ran the GPU out of memory)
-#   variants: every chunked-kernel launch variant of gdn-bench's --chunked-sweep against the fp64 reference
+#   variants: every chunked launch shape of cuda_backend.LAUNCH_SHAPE_SWEEPS (what gdn-bench cuda
+#          --chunked-sweep times) against the fp64 reference
 #   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
 #   lower: export_qwen35 --backend cuda on a tiny checkpoint: the .pte + .ptd through ExecuTorch's
