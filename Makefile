@@ -15,7 +15,7 @@ $(INSTALLED): pyproject.toml
 	touch $(INSTALLED)
 
 demo: install
-	$(PY) -m gdn_export.demo
+	$(PY) examples/demo.py
 
 test: install
 	$(PY) -m pytest -q tests
