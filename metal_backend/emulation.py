@@ -14,6 +14,7 @@ which the CUDA port of the same kernels (``metal_backend/device/``) shares.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -46,6 +47,8 @@ SCALAR_TYPE_CODES = {torch.float16: 5, torch.float32: 6, torch.float64: 7, torch
 
 _ERROR_BUFFER_BYTES = 1024
 _STATUS_ERRORS = {1: ValueError, 2: NotImplementedError, 3: RuntimeError}
+# metal_emulation::ExecutionOrder
+EXECUTION_ORDERS = {"in_order": 0, "reversed": 1, "shuffled": 2}
 
 
 class TensorView(ctypes.Structure):
@@ -119,7 +122,20 @@ def _declare_c_api(lib: ctypes.CDLL) -> ctypes.CDLL:
 @lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
     """The emulation library, compiled on first use and cached by source hash."""
-    return _declare_c_api(ctypes.CDLL(str(_build_emulation())))
+    lib = _declare_c_api(ctypes.CDLL(str(_build_emulation())))
+    lib.gdn_set_execution_order.argtypes = [ctypes.c_int, ctypes.c_uint64]
+    return lib
+
+
+@contextlib.contextmanager
+def execution_order(order: str, seed: int = 0):
+    """Run the emulator's threadgroups, and each round the threads of a threadgroup, in
+    ``order`` ("in_order", "reversed" or "shuffled" by ``seed``) inside the block."""
+    library().gdn_set_execution_order(EXECUTION_ORDERS[order], seed)
+    try:
+        yield
+    finally:
+        library().gdn_set_execution_order(EXECUTION_ORDERS["in_order"], 0)
 
 
 def _check(status: int, error) -> None:

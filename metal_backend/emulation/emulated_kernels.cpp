@@ -117,3 +117,13 @@ std::string kernel_names() {
 }
 
 }  // namespace gdn_harness
+
+extern "C" {
+
+// How the emulator orders threadgroups and, each scheduling round, the threads
+// of a threadgroup (metal_emulation::ExecutionOrder; the seed drives kShuffled).
+void gdn_set_execution_order(int order, uint64_t seed) {
+  metal_emulation::set_execution_order(static_cast<metal_emulation::ExecutionOrder>(order), seed);
+}
+
+}  // extern "C"
