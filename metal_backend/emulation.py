@@ -188,7 +188,8 @@ class KernelLibrary:
     def _pointers(named: dict):
         return (ctypes.c_void_p * len(named))(*(t.data_ptr() for t in named.values()))
 
-    def _launch(self, entry: str, named: dict, *extra) -> None:
+    def call(self, entry: str, named: dict, *extra) -> None:
+        """Calls C entry ``entry``(views, data pointers, *extra, error buffer, its size) on ``named`` tensors."""
         error = ctypes.create_string_buffer(_ERROR_BUFFER_BYTES)
         status = getattr(self._load(), entry)(self._views(named), self._pointers(named), *extra, error, len(error))
         _check(status, error)
@@ -235,7 +236,7 @@ class KernelLibrary:
             "query": query, "key": key, "value": value, "g": g, "beta": beta,
             "initial_state": initial_state, "output": output, "final_state": final_state,
         }
-        self._launch("gdn_gated_delta_rule", named, int(scale is not None), float(scale or 0.0), int(use_qk_l2norm))
+        self.call("gdn_gated_delta_rule", named, int(scale is not None), float(scale or 0.0), int(use_qk_l2norm))
         return output, final_state
 
     def gated_delta_rule(self, query, key, value, g, beta, initial_state, *, scale=None, use_qk_l2norm=False):
@@ -261,7 +262,7 @@ class KernelLibrary:
             "mixed_qkv": mixed_qkv, "a": a, "b": b, "A_log": A_log, "dt_bias": dt_bias,
             "state": state, "output": output,
         }
-        self._launch("gdn_fused_gated_delta_rule", named, int(scale is not None), float(scale or 0.0))
+        self.call("gdn_fused_gated_delta_rule", named, int(scale is not None), float(scale or 0.0))
         return output
 
 

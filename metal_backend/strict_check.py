@@ -4,7 +4,8 @@
   each kernel in ``kernels/gated_delta_rule.metal`` is numbered in parameter
   order and matches, argument for argument, the order every host binds
   (``runtime/c_shims.mm`` through ``encode_dispatch``, ``mps_eager.py``,
-  ``emulation.py``); only outputs are writable; the constant buffer holds the
+  ``emulation.py``, and the kernel calls of the emulation and the CUDA port);
+  only outputs are writable; the constant buffer holds the
   params struct ``launch.h`` plans; every attribute is one Metal defines, on a
   type Metal allows; the work-split constants agree.
 * ``main_file_cxx14()`` (g++): the source Metal is given (params header
@@ -14,6 +15,8 @@
   ``constant``, ``threadgroup`` and ``thread`` as distinct clang address spaces
   (``strict/address_spaces/metal_stdlib``), so a pointer passed or assigned
   across them is an error as in Metal; a planted mix-up must be rejected.
+* ``cuda_port_compile()`` (nvcc, where the CUDA toolkit is): the same source
+  built as CUDA through ``device/include/metal_stdlib`` (``metal_backend/device/``).
 * ``objective_cxx_host()`` (clang): ``runtime/*.mm`` through
   ``clang -x objective-c++ -fobjc-arc -fsyntax-only`` against ExecuTorch's Metal
   runtime headers (at ``EXECUTORCH_COMMIT``) and the stand-in SDK headers of
@@ -250,7 +253,7 @@ def _host_bindings(texts: dict) -> list[tuple[str, str, list, int | None]]:
             bindings.append(("mps_eager.py", planned.group(1), names, len(names)))
     for function in re.split(r"\n    def ", texts["emulation"])[1:]:
         named = re.search(r"named = \{(.*?)\}", function, re.S)
-        launched = re.search(r'self\._launch\("gdn_(\w+)"', function)
+        launched = re.search(r'self\.call\("gdn_(\w+)"', function)
         if named and launched:
             names = re.findall(r'"(\w+)":', named.group(1))
             bindings.append(("emulation.py", launched.group(1), names, len(names)))
@@ -307,7 +310,13 @@ def kernel_bindings(texts: dict | None = None) -> CheckResult:
                 problems.append(f"{kernel}.{argument.name}: {'writable' if writable else 'const'}, expected the "
                                 "opposite (only outputs and the state are written)")
     binders = set()
-    for binder, kernel, names, params_index in _host_bindings(texts):
+    host_bindings = _host_bindings(texts)
+    for binder in ("runtime/c_shims.mm", "mps_eager.py", "emulation.py"):
+        bound = {kernel for name, kernel, _, _ in host_bindings if name == binder}
+        if bound != set(kernels):
+            problems.append(f"{binder}: found bindings of {sorted(bound)}, expected {sorted(kernels)} "
+                            "(has the binding code changed shape?)")
+    for binder, kernel, names, params_index in host_bindings:
         binders.add(binder)
         expected = [a.name for a in kernels.get(kernel, []) if a.attribute == "buffer"]
         if not expected:
@@ -323,7 +332,10 @@ def kernel_bindings(texts: dict | None = None) -> CheckResult:
         if binder not in texts:
             continue
         binders.add(SOURCE_FILES[binder].name)
-        for _, kernel, data, positions in _harness_calls(binder, texts[binder]):
+        calls = _harness_calls(binder, texts[binder])
+        if {kernel for _, kernel, _, _ in calls} != set(kernels):
+            problems.append(f"{binder}: found calls of {sorted(k for _, k, _, _ in calls)}, expected {sorted(kernels)}")
+        for _, kernel, data, positions in calls:
             arguments = kernels.get(kernel, [])
             tensors = [a for a in arguments if a.attribute == "buffer"][:-1]
             if data != list(range(len(tensors))):
@@ -460,11 +472,33 @@ def objective_cxx_host(sources: dict | None = None) -> CheckResult:
                                              f"compiles clean ({Path(compiler).name} -fobjc-arc, ExecuTorch {label})")
 
 
+def cuda_port_compile() -> CheckResult:
+    """The unchanged .metal source built as CUDA by nvcc (metal_backend/device/), when the toolkit is here.
+
+    Without nvcc this says so and passes: the device step builds it there.
+    """
+    from metal_backend import emulation
+    from metal_backend.device import cuda_port
+
+    try:
+        names = cuda_port.CUDA_PORT.kernel_names()
+    except RuntimeError as error:
+        if "needs nvcc" in str(error):
+            return CheckResult("CUDA port", "not built here (no nvcc); metal_backend/device/run_on_device.sh "
+                                            "builds and runs it on a GPU")
+        raise CheckError(f"CUDA port: {error}") from None
+    if names != emulation.kernel_names():
+        raise CheckError(f"CUDA port: holds {sorted(names ^ emulation.kernel_names())} unlike the emulation")
+    return CheckResult("CUDA port", f"{len(names)} kernels built by nvcc for {cuda_port.ARCHITECTURE} "
+                                    "from the unchanged .metal source (they run on the device step)")
+
+
 def run_all() -> list[tuple[str, str | None, str | None]]:
     """(check name, summary or None, error or None) of every strict check, in order."""
     outcomes = []
     for name, check in (("kernel bindings", kernel_bindings), ("C++14 main file", main_file_cxx14),
-                        ("address spaces", address_spaces), ("Objective-C++ host", objective_cxx_host)):
+                        ("address spaces", address_spaces), ("Objective-C++ host", objective_cxx_host),
+                        ("CUDA port", cuda_port_compile)):
         try:
             outcomes.append((name, check().summary, None))
         except CheckError as error:

@@ -9,11 +9,13 @@
 // Work split. A threadgroup owns one (batch, value head) and a block of value
 // columns; each SIMD group owns 4 adjacent columns (one float4 per state row)
 // and its 32 lanes split the Dk key rows: lane l holds rows l, l + 32, ...
-// Every dot product over Dk (S^T k, S^T q, |k|^2, |q|^2) is a per-lane partial
-// sum finished by one simd_sum, so no threadgroup memory or barrier is needed.
+// Every dot product over Dk (S^T k, S^T q, and |q|^2 with |k|^2 together) is a
+// per-lane partial sum finished by one simd_sum, so no threadgroup memory or
+// barrier is needed.
 //
 // This file is also compiled as C++ by the Linux emulation harness
-// (metal_backend/emulation/): keep to what its metal_stdlib provides.
+// (metal_backend/emulation/) and as CUDA by metal_backend/device/: keep to
+// what their metal_stdlib headers provide.
 
 #include <metal_stdlib>
 #include "gated_delta_rule_params.h"
