@@ -10,6 +10,9 @@
   it and the update would be lost. The same view is fine as a read-only
   initial state (the final state goes to another tensor), and a permuted
   (packed) state is fine in place.
+* Since that copy arrives packed, the runtime cannot see it: lower_to_metal
+  refuses a program whose gdn op updates a non-packed view, before and after
+  functionalization, and passes Qwen3.5 rewritten for Metal (whole-buffer states).
 
 Each test prints its seed on failure.
 """
@@ -18,7 +21,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
+from gdn_export import load_qwen35, rewrite
 from gdn_export.ops.conformance import (
     OpCase,
     expected_fused_outputs,
@@ -27,7 +32,8 @@ from gdn_export.ops.conformance import (
     make_inputs,
     relative_error,
 )
-from metal_backend import emulation
+from gdn_export.tiny import make_tiny_checkpoint
+from metal_backend import emulation, lowering
 
 DECODE = OpCase(batch=2, length=1, num_k_heads=2, num_v_heads=4, key_dim=128, value_dim=64)
 PREFILL_KDA = OpCase(length=9, num_k_heads=1, num_v_heads=2, key_dim=64, value_dim=128, gate="per_channel")
@@ -105,3 +111,42 @@ def test_fused_kernel_refuses_a_non_packed_state_and_takes_a_permuted_one():
     emulation.fused_gated_delta_rule_out(*inputs.as_args()[:5], permuted, output=output)
     assert relative_error(output, expected_output) <= case.tolerance, f"seed {seed}"
     assert relative_error(permuted, expected_state) <= case.tolerance, f"seed {seed}"
+
+
+class FusedCall(nn.Module):
+    """One fused op call on a [1, 2, 64, 64] state kept in a buffer, whole or as a slice with holes."""
+
+    def __init__(self, holed: bool):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, 2, 64, 64 + (8 if holed else 0)))
+        self.register_buffer("A_log", torch.zeros(2))
+        self.register_buffer("dt_bias", torch.zeros(2))
+
+    def forward(self, mixed_qkv, a, b):
+        return torch.ops.gdn.fused_gated_delta_rule(mixed_qkv, a, b, self.A_log, self.dt_bias, self.cache[..., :64])
+
+
+def _exported(module: nn.Module):
+    args = (torch.randn(1, 1, 2 * 64 + 2 * 64), torch.randn(1, 1, 2), torch.randn(1, 1, 2))
+    return torch.export.export(module, args, strict=False)
+
+
+def test_lowering_refuses_a_non_packed_in_place_state_before_and_after_functionalization():
+    exported = _exported(FusedCall(holed=True))
+    for program in (exported, exported.run_decompositions({})):
+        with pytest.raises(ValueError, match=r"non-packed view \(sizes \[1, 2, 64, 64\], strides \[9216, 4608, 72, 1\]\)"):
+            lowering.check_in_place_states(program)
+    whole = _exported(FusedCall(holed=False))
+    for program in (whole, whole.run_decompositions({})):
+        lowering.check_in_place_states(program)
+
+
+def test_qwen35_rewritten_for_metal_updates_whole_states(tmp_path):
+    checkpoint = make_tiny_checkpoint(tmp_path, key_head_dim=64, value_head_dim=64)
+    model = rewrite(load_qwen35(checkpoint, max_seq_len=32), "metal")
+    tokens, input_pos = torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+    with torch.no_grad():
+        exported = torch.export.export(model, (tokens, input_pos), strict=False)
+    assert len(lowering.metal_op_nodes(exported)) == 2
+    lowering.check_in_place_states(exported)
+    lowering.check_in_place_states(exported.run_decompositions({}))
