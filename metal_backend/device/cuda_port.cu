@@ -13,7 +13,6 @@
 
 #include <cuda_runtime.h>
 
-#include <map>
 #include <string>
 
 #include "../runtime/launch.h"
@@ -89,10 +88,7 @@ using PlainLauncher = void (*)(const GatedDeltaRuleParams&, const Buffers&, dim3
 using FusedLauncher = void (*)(const FusedGatedDeltaRuleParams&, const Buffers&, dim3, dim3);
 
 // The __global__ instantiation of every kernel, under its host name.
-struct KernelTable {
-  std::map<std::string, PlainLauncher> plain_kernels;
-  std::map<std::string, FusedLauncher> fused_kernels;
-
+struct KernelTable : gdn_harness::KernelMaps<PlainLauncher, FusedLauncher> {
   template <typename T, int KeyDim>
   void plain(const std::string& name) {
     plain_kernels[name] = [](const GatedDeltaRuleParams& params, const Buffers& buffers, dim3 grid,
@@ -108,14 +104,7 @@ struct KernelTable {
   }
 };
 
-const KernelTable& kernels() {
-  static const KernelTable table = [] {
-    KernelTable built;
-    gdn_harness::visit_kernels(built);
-    return built;
-  }();
-  return table;
-}
+const KernelTable& kernels() { return gdn_harness::filled_table<KernelTable>(); }
 
 void check_cuda(cudaError_t status, const std::string& what) {
   if (status != cudaSuccess) {
@@ -124,13 +113,6 @@ void check_cuda(cudaError_t status, const std::string& what) {
 }
 
 dim3 to_dim3(gdn_metal::Dim3 d) { return dim3(d.x, d.y, d.z); }
-
-template <typename Table>
-typename Table::mapped_type find_kernel(const Table& table, const std::string& name) {
-  auto found = table.find(name);
-  if (found == table.end()) throw std::runtime_error("no kernel named " + name + " in the library");
-  return found->second;
-}
 
 // Launches without waiting (timing launches back to back).
 template <typename Launch, typename Launcher>
@@ -148,21 +130,16 @@ namespace gdn_harness {
 
 // Each call waits for its kernel, so an error is reported by the call that caused it.
 void run(const gdn_metal::GatedDeltaRuleLaunch& launch, void* const* data) {
-  launch_async(launch, find_kernel(kernels().plain_kernels, launch.plan.kernel_name), data, 8);
+  launch_async(launch, kernels().find_plain(launch.plan.kernel_name), data, 8);
   check_cuda(cudaDeviceSynchronize(), "running " + launch.plan.kernel_name);
 }
 
 void run(const gdn_metal::FusedGatedDeltaRuleLaunch& launch, void* const* data) {
-  launch_async(launch, find_kernel(kernels().fused_kernels, launch.plan.kernel_name), data, 7);
+  launch_async(launch, kernels().find_fused(launch.plan.kernel_name), data, 7);
   check_cuda(cudaDeviceSynchronize(), "running " + launch.plan.kernel_name);
 }
 
-std::string kernel_names() {
-  std::string names;
-  for (const auto& entry : kernels().plain_kernels) names += entry.first + "\n";
-  for (const auto& entry : kernels().fused_kernels) names += entry.first + "\n";
-  return names;
-}
+std::string kernel_names() { return kernels().names(); }
 
 }  // namespace gdn_harness
 
@@ -176,7 +153,7 @@ int gdn_time_gated_delta_rule(const gdn_metal::TensorView* views, void* const* d
   return gdn_harness::guarded(error, error_size, [&] {
     const auto launch =
         gdn_harness::plan_gated_delta_rule(views, data, has_scale, scale, use_qk_l2norm);
-    const PlainLauncher launcher = find_kernel(kernels().plain_kernels, launch.plan.kernel_name);
+    const PlainLauncher launcher = kernels().find_plain(launch.plan.kernel_name);
     for (int i = 0; i < 3; ++i) launch_async(launch, launcher, data, 8);
     cudaEvent_t start, stop;
     check_cuda(cudaEventCreate(&start), "creating an event");

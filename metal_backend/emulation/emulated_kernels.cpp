@@ -11,7 +11,6 @@
 //            -I metal_backend/emulation/include emulated_kernels.cpp simd_lockstep.cpp
 
 #include <functional>
-#include <map>
 #include <string>
 
 #include "../runtime/launch.h"
@@ -41,10 +40,7 @@ using FusedKernel =
     std::function<void(const FusedGatedDeltaRuleParams&, void* const*, const ThreadPosition&)>;
 
 // One thread of a kernel instantiation, under its host name.
-struct KernelTable {
-  std::map<std::string, PlainKernel> plain_kernels;
-  std::map<std::string, FusedKernel> fused_kernels;
-
+struct KernelTable : gdn_harness::KernelMaps<PlainKernel, FusedKernel> {
   template <typename T, int KeyDim>
   void plain(const std::string& name) {
     plain_kernels[name] = [](const GatedDeltaRuleParams& params, void* const* data,
@@ -74,21 +70,7 @@ struct KernelTable {
   }
 };
 
-const KernelTable& kernels() {
-  static const KernelTable table = [] {
-    KernelTable built;
-    gdn_harness::visit_kernels(built);
-    return built;
-  }();
-  return table;
-}
-
-template <typename Table>
-const typename Table::mapped_type& find_kernel(const Table& table, const std::string& name) {
-  auto found = table.find(name);
-  if (found == table.end()) throw std::runtime_error("no kernel named " + name + " in the library");
-  return found->second;
-}
+const KernelTable& kernels() { return gdn_harness::filled_table<KernelTable>(); }
 
 template <typename Launch, typename Kernel>
 void dispatch(const Launch& launch, const Kernel& kernel, void* const* data) {
@@ -102,19 +84,14 @@ void dispatch(const Launch& launch, const Kernel& kernel, void* const* data) {
 namespace gdn_harness {
 
 void run(const gdn_metal::GatedDeltaRuleLaunch& launch, void* const* data) {
-  dispatch(launch, find_kernel(kernels().plain_kernels, launch.plan.kernel_name), data);
+  dispatch(launch, kernels().find_plain(launch.plan.kernel_name), data);
 }
 
 void run(const gdn_metal::FusedGatedDeltaRuleLaunch& launch, void* const* data) {
-  dispatch(launch, find_kernel(kernels().fused_kernels, launch.plan.kernel_name), data);
+  dispatch(launch, kernels().find_fused(launch.plan.kernel_name), data);
 }
 
-std::string kernel_names() {
-  std::string names;
-  for (const auto& entry : kernels().plain_kernels) names += entry.first + "\n";
-  for (const auto& entry : kernels().fused_kernels) names += entry.first + "\n";
-  return names;
-}
+std::string kernel_names() { return kernels().names(); }
 
 }  // namespace gdn_harness
 

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -121,6 +122,44 @@ void visit_kernels(Visitor& visitor) {
   visit_dtype<float>("float", visitor);
   visit_dtype<bfloat>("bfloat", visitor);
   visit_dtype<half>("half", visitor);
+}
+
+// A harness's kernels by host name: Plain and Fused run (or launch) one
+// instantiation. The harness derives from it and adds the plain<T, KeyDim> and
+// fused<T, ParamT, KeyDim> members that visit_kernels calls to fill it.
+template <typename Plain, typename Fused>
+struct KernelMaps {
+  std::map<std::string, Plain> plain_kernels;
+  std::map<std::string, Fused> fused_kernels;
+
+  const Plain& find_plain(const std::string& name) const { return find(plain_kernels, name); }
+  const Fused& find_fused(const std::string& name) const { return find(fused_kernels, name); }
+
+  std::string names() const {
+    std::string listed;
+    for (const auto& entry : plain_kernels) listed += entry.first + "\n";
+    for (const auto& entry : fused_kernels) listed += entry.first + "\n";
+    return listed;
+  }
+
+ private:
+  template <typename Map>
+  static const typename Map::mapped_type& find(const Map& map, const std::string& name) {
+    auto found = map.find(name);
+    if (found == map.end()) throw std::runtime_error("no kernel named " + name + " in the library");
+    return found->second;
+  }
+};
+
+// The harness's table (a KernelMaps with plain/fused members), filled once.
+template <typename Table>
+const Table& filled_table() {
+  static const Table table = [] {
+    Table built;
+    visit_kernels(built);
+    return built;
+  }();
+  return table;
 }
 
 // Defined by each harness: run a planned launch on `data` (the views' order),
