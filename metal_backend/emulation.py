@@ -101,7 +101,7 @@ def _build_emulation() -> Path:
     )
 
 
-def _declare_c_api(lib: ctypes.CDLL) -> ctypes.CDLL:
+def declare_c_api(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Argument types of emulation/harness_api.h's C API."""
     views = ctypes.POINTER(TensorView)
     pointers = ctypes.POINTER(ctypes.c_void_p)
@@ -122,7 +122,7 @@ def _declare_c_api(lib: ctypes.CDLL) -> ctypes.CDLL:
 @lru_cache(maxsize=1)
 def library() -> ctypes.CDLL:
     """The emulation library, compiled on first use and cached by source hash."""
-    lib = _declare_c_api(ctypes.CDLL(str(_build_emulation())))
+    lib = declare_c_api(ctypes.CDLL(str(_build_emulation())))
     lib.gdn_set_execution_order.argtypes = [ctypes.c_int, ctypes.c_uint64]
     return lib
 

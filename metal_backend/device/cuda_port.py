@@ -53,7 +53,7 @@ def library() -> ctypes.CDLL:
         ],
         "the CUDA port of the Metal kernels",
     )
-    lib = emulation._declare_c_api(ctypes.CDLL(str(target)))
+    lib = emulation.declare_c_api(ctypes.CDLL(str(target)))
     lib.gdn_time_gated_delta_rule.argtypes = [
         ctypes.POINTER(emulation.TensorView), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.c_double,
         ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, ctypes.c_size_t,
