@@ -6,10 +6,8 @@ from typing import Optional
 
 from torch import nn
 
+from cuda_backend.kernels import SUPPORTED_HEAD_DIMS
 from gdn_export.backends import Backend
-
-# Head dims (Dk and Dv each) the Triton kernels are written for; others are refused before export.
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
 
 
 class CudaTritonBackend(Backend):

@@ -25,15 +25,16 @@ import importlib
 import importlib.metadata
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-if TYPE_CHECKING:
-    import torch
-    from torch import nn
+import torch
+from torch import nn
 
 BACKENDS_GROUP = "gdn_export.backends"
 KERNELS_GROUP = "gdn_export.kernels"
 DISTRIBUTION = "gdn-export"
+# export_qwen35's default: the CPU program people deploy.
+DEFAULT_BACKEND = "xnnpack"
 _PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 
@@ -56,19 +57,17 @@ class Backend:
         """Why this machine cannot lower for the backend (one sentence), or None."""
         return None
 
-    def recurrence(self) -> "nn.Module":
+    def recurrence(self) -> nn.Module:
         """A fresh recurrence module for one Gated DeltaNet layer (see ``gdn_export.passes``)."""
         raise NotImplementedError(f"backend {self.name!r} defines no recurrence")
 
-    def attention(self, layer) -> Optional["nn.Module"]:
+    def attention(self, layer) -> Optional[nn.Module]:
         """The ``attend`` module for one full-attention layer, or None to keep the model's own."""
         return None
 
-    def export_methods(self, model, prefill_chunk: int) -> dict[str, "torch.export.ExportedProgram"]:
+    def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:
         """The program's methods, exported; by default ExecuTorch's LLM ``forward`` with a dynamic T."""
-        from gdn_export.export import export_forward
-
-        return {"forward": export_forward(model, prefill_chunk)}
+        return {"forward": export_llm_forward(model, prefill_chunk)}
 
     def lower(self, programs: dict, metadata: dict):
         """The ExecutorchProgramManager of ``programs`` ({method: ExportedProgram}) with ``metadata``."""
@@ -85,6 +84,19 @@ class Backend:
         return f"<gdn_export backend {self.name!r}>"
 
 
+def export_llm_forward(model, prefill_chunk: int) -> torch.export.ExportedProgram:
+    """``torch.export`` of ExecuTorch's LLM ``forward(tokens, input_pos)``, T dynamic from 1 to ``prefill_chunk``."""
+    tokens = torch.zeros(1, min(2, prefill_chunk), dtype=torch.long)
+    input_pos = torch.zeros(1, dtype=torch.long)
+    if prefill_chunk > 1:
+        length = torch.export.Dim("token_dim", min=1, max=prefill_chunk)
+        dynamic_shapes = ({1: length}, None)
+    else:
+        dynamic_shapes = None
+    with torch.no_grad():
+        return torch.export.export(model, (tokens, input_pos), dynamic_shapes=dynamic_shapes, strict=False)
+
+
 def _pyproject_entry_points(group: str) -> dict[str, str]:
     """``{name: "module:attribute"}`` of ``group`` in the checkout's pyproject.toml."""
     import tomllib
@@ -98,7 +110,7 @@ def _pyproject_entry_points(group: str) -> dict[str, str]:
 
 @functools.lru_cache(maxsize=None)
 def _entry_points(group: str) -> dict[str, str]:
-    """``{name: "module:attribute"}`` of ``group``, in the order declared.
+    """``{name: "module:attribute"}`` of ``group`` (installed metadata lists them sorted by name).
 
     A source checkout's pyproject.toml is the truth for the modules beside it
     (an editable install's metadata may be older than the tree); an installed
@@ -122,11 +134,13 @@ def _load(reference: str):
 
 
 def backend_names() -> tuple[str, ...]:
-    """The registered backends' names (imports none of them); the first is the default."""
-    return tuple(_entry_points(BACKENDS_GROUP))
+    """The registered backends' names, the default first, the rest as declared (imports none of them)."""
+    names = tuple(_entry_points(BACKENDS_GROUP))
+    return tuple(sorted(names, key=lambda name: name != DEFAULT_BACKEND))
 
 
 def default_backend() -> str:
+    """The default backend's name where it is registered, else the first registered."""
     return backend_names()[0]
 
 

@@ -53,6 +53,22 @@ class Checkpoint:
         path = self.folder / TOKENIZER_FILE
         return path if path.is_file() else None
 
+    def program_metadata(self, *, max_seq_len: int, prefill_chunk: int) -> dict:
+        """The constant methods ExecuTorch's LLM runners read from a program of this model."""
+        metadata = {
+            "get_max_seq_len": prefill_chunk,
+            "get_max_context_len": max_seq_len,
+            "get_vocab_size": self.config.vocab_size,
+            "get_n_layers": self.config.num_hidden_layers,
+            "use_kv_cache": True,
+            "use_sdpa_with_kv_cache": False,
+            "enable_dynamic_shape": True,
+            "get_eos_ids": list(self.config.eos_token_ids),
+        }
+        if self.config.bos_token_id is not None:
+            metadata["get_bos_id"] = self.config.bos_token_id
+        return metadata
+
 
 def _read_json_object(path: Path) -> dict:
     try:

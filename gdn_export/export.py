@@ -11,15 +11,15 @@ The program follows ExecuTorch's LLM conventions, so its stock runners
   ``enable_dynamic_shape``, ...) read from the checkpoint's config.json and
   generation_config.json.
 
-Steps: check every argument and file (before anything is written), load,
-rewrite for the backend, quantize, ``torch.export``, lower, serialize to a
-temporary file and rename it into place.
+A backend may export other methods (``Backend.export_methods``). Steps: check
+every argument, file and the machine (before anything is loaded or written),
+load, rewrite for the backend, quantize, ``torch.export``, lower (the backend,
+through ``gdn_export.lowering``), write the files into place atomically.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -30,6 +30,7 @@ import torch
 
 from gdn_export.backends import Backend, backend_names, default_backend, get_backend
 from gdn_export.checkpoint import Checkpoint, read_checkpoint
+from gdn_export.lowering import write_program
 from gdn_export.quantize import MODES as QUANTIZATIONS
 from gdn_export.quantize import quantize_linears
 
@@ -95,19 +96,6 @@ def _check_backend(name: str, quantize: str) -> Backend:
     return backend
 
 
-def _check_head_dims(backend: Backend, checkpoint: Checkpoint) -> None:
-    if backend.head_dims is None:
-        return
-    config = checkpoint.config
-    for field_name in ("linear_key_head_dim", "linear_value_head_dim"):
-        value = getattr(config, field_name)
-        if value not in backend.head_dims:
-            raise ExportError(
-                f"{checkpoint.config_file}: {field_name} {value} is not covered by --backend {backend.name}'s "
-                f"kernels (they take {', '.join(map(str, backend.head_dims))}); export with another --backend"
-            )
-
-
 def _check_output(output) -> Path:
     output = Path(output)
     if output.suffix != ".pte":
@@ -152,40 +140,15 @@ def check_request(
     reason = chosen.unavailable_reason()
     if reason is not None:
         raise ExportError(reason)
-    _check_head_dims(chosen, read)
+    for field_name in ("linear_key_head_dim", "linear_value_head_dim"):
+        value = getattr(read.config, field_name)
+        if chosen.head_dims is not None and value not in chosen.head_dims:
+            raise ExportError(
+                f"{read.config_file}: {field_name} {value} is not covered by --backend {chosen.name}'s "
+                f"kernels (they take {', '.join(map(str, chosen.head_dims))}); export with another --backend"
+            )
     output = _check_output(output)
     return ExportRequest(read, output, chosen, DTYPES[dtype], max_seq_len, quantize, prefill_chunk)
-
-
-def program_metadata(request: ExportRequest) -> dict:
-    """The constant methods ExecuTorch's LLM runners read."""
-    config = request.checkpoint.config
-    metadata = {
-        "get_max_seq_len": request.prefill_chunk,
-        "get_max_context_len": request.max_seq_len,
-        "get_vocab_size": config.vocab_size,
-        "get_n_layers": config.num_hidden_layers,
-        "use_kv_cache": True,
-        "use_sdpa_with_kv_cache": False,
-        "enable_dynamic_shape": True,
-        "get_eos_ids": list(config.eos_token_ids),
-    }
-    if config.bos_token_id is not None:
-        metadata["get_bos_id"] = config.bos_token_id
-    return metadata
-
-
-def export_forward(model, prefill_chunk: int) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``forward(tokens, input_pos)`` with T dynamic from 1 to ``prefill_chunk``."""
-    tokens = torch.zeros(1, min(2, prefill_chunk), dtype=torch.long)
-    input_pos = torch.zeros(1, dtype=torch.long)
-    if prefill_chunk > 1:
-        length = torch.export.Dim("token_dim", min=1, max=prefill_chunk)
-        dynamic_shapes = ({1: length}, None)
-    else:
-        dynamic_shapes = None
-    with torch.no_grad():
-        return torch.export.export(model, (tokens, input_pos), dynamic_shapes=dynamic_shapes, strict=False)
 
 
 def count_delegated_nodes(manager) -> tuple[int, int]:
@@ -204,41 +167,6 @@ def count_delegated_nodes(manager) -> tuple[int, int]:
             elif "getitem" not in str(node.target):
                 total += 1
     return delegated, total
-
-
-def write_atomically(path: Path, write: Callable[[object], None]) -> None:
-    """Write through a temporary file in the same folder, renamed into place when complete."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            write(handle)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def write_program(manager, output: Path) -> list[Path]:
-    """Write the ``.pte`` and any ``.ptd`` weight files beside it; returns the ``.ptd`` paths.
-
-    CudaBackend and MetalBackend keep the weights in ``.ptd`` files. Everything is
-    written into a hidden folder beside ``output`` first and renamed into place
-    only once all of it is complete (the ``.pte``, which names the others, last),
-    so a failure leaves no file behind.
-    """
-    staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
-    try:
-        if getattr(manager, "_tensor_data", None):
-            manager.write_tensor_data_to_file(str(staging))
-        data_files = sorted(staging.iterdir())
-        with open(staging / output.name, "wb") as handle:
-            manager.write_to_file(handle)
-        for staged in data_files:
-            os.replace(staged, output.parent / staged.name)
-        os.replace(staging / output.name, output)
-        return [output.parent / staged.name for staged in data_files]
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def export_qwen35(
@@ -271,8 +199,9 @@ def export_qwen35(
     def step(message: str) -> None:
         progress(f"[{time.perf_counter() - started:6.1f} s] {message}")
 
+    metadata = request.checkpoint.program_metadata(max_seq_len=request.max_seq_len, prefill_chunk=request.prefill_chunk)
     step(f"loading {request.checkpoint.folder}")
-    model = loading.load_qwen35(request.checkpoint, dtype=request.dtype, max_seq_len=request.max_seq_len)
+    model = loading.load_model(request.checkpoint, dtype=request.dtype, max_seq_len=request.max_seq_len)
     model.all_logits = False  # the runners sample from the last position only
     rewrite(model, backend=request.backend.name)
     if request.quantize != "none":
@@ -281,7 +210,7 @@ def export_qwen35(
     step(f"exporting (tokens up to {request.prefill_chunk} a call)")
     programs = request.backend.export_methods(model, request.prefill_chunk)
     step(f"lowering {', '.join(programs)} for {request.backend.name}")
-    manager = request.backend.lower(programs, program_metadata(request))
+    manager = request.backend.lower(programs, metadata)
     step(f"serializing to {request.output}")
     data_files = write_program(manager, request.output)
     delegated, total = count_delegated_nodes(manager)

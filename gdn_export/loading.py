@@ -111,17 +111,20 @@ def _stack_experts(module: str, experts: dict[int, dict[str, torch.Tensor]]) -> 
 
 
 def load_qwen35(path, *, dtype: torch.dtype = torch.float32, max_seq_len: int = 2048) -> Qwen35ForCausalLM:
-    """The Qwen3.5 text model of a Hugging Face checkpoint folder (or a read ``Checkpoint``),
-    in eval mode with zeroed caches."""
+    """The Qwen3.5 text model of a Hugging Face checkpoint folder, in eval mode with zeroed caches."""
+    return load_model(read_checkpoint(path), dtype=dtype, max_seq_len=max_seq_len)
+
+
+def load_model(checkpoint: Checkpoint, *, dtype: torch.dtype, max_seq_len: int) -> Qwen35ForCausalLM:
+    """``load_qwen35`` of a checkpoint already read by ``gdn_export.checkpoint.read_checkpoint``."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     if not isinstance(max_seq_len, int) or max_seq_len < 1:
         raise ValueError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
-    checkpoint = path if isinstance(path, Checkpoint) else read_checkpoint(path)
     folder, config, config_file = checkpoint.folder, checkpoint.config, checkpoint.config_file
+    tensors, origins = _read_tensors(checkpoint.weight_files, dtype)
     with torch.device("meta"):
         model = Qwen35ForCausalLM(config, max_seq_len=max_seq_len, dtype=dtype)
-    tensors, origins = _read_tensors(checkpoint.weight_files, dtype)
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)  # some tied checkpoints store the copy anyway
         if "embed_tokens.weight" in tensors:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import platform
 from typing import Optional
 
 from torch import nn
 
 from gdn_export.backends import Backend
-
-# Head dims (Dk and Dv each) the Metal kernels are written for; others are refused before export.
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
+from metal_backend.mps_eager import SUPPORTED_HEAD_DIMS
 
 
 class MetalGdnBackend(Backend):
@@ -20,18 +17,9 @@ class MetalGdnBackend(Backend):
     writes_data_files = True
 
     def unavailable_reason(self) -> Optional[str]:
-        import torch
+        from metal_backend.lowering import unavailable_reason
 
-        if platform.system() != "Darwin":
-            why = f"this machine runs {platform.system()}"
-        elif not torch.backends.mps.is_available():
-            why = "torch.backends.mps.is_available() is False (Apple silicon and macOS 14+ needed)"
-        else:
-            return None
-        return (
-            f"--backend metal lowers only on macOS with Xcode and an Apple-silicon GPU: {why}. "
-            "Export with --backend xnnpack or portable here, or run this export on a Mac."
-        )
+        return unavailable_reason()
 
     def recurrence(self) -> nn.Module:
         from gdn_export.passes import FusedOpRecurrence

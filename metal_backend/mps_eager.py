@@ -28,9 +28,10 @@ from pathlib import Path
 import torch
 
 from gdn_export.ops import contract, fused
-from metal_backend.backend import SUPPORTED_HEAD_DIMS
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
+# Head dims (Dk and Dv each) the kernels are written for; others are refused before export.
+SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SIMD_WIDTH = 32
 SIMDGROUPS_PER_THREADGROUP = 4
 COLUMNS_PER_THREADGROUP = 4 * SIMDGROUPS_PER_THREADGROUP
@@ -39,8 +40,12 @@ METAL_TYPE_NAMES = {torch.float32: "float", torch.bfloat16: "bfloat", torch.floa
 
 @lru_cache(maxsize=1)
 def kernel_source() -> str:
-    """gated_delta_rule.metal with its params header inlined (compile_shader resolves no includes)."""
-    params = (KERNELS_DIR / "gated_delta_rule_params.h").read_text()
+    """gated_delta_rule.metal with its params header inlined (compile_shader resolves no includes).
+
+    The header's ``#pragma once`` goes: in a main source file it draws a
+    warning, which a loader that treats any compiler message as failure rejects.
+    """
+    params = (KERNELS_DIR / "gated_delta_rule_params.h").read_text().replace("#pragma once\n", "")
     return (KERNELS_DIR / "gated_delta_rule.metal").read_text().replace(
         '#include "gated_delta_rule_params.h"', params
     )

@@ -5,7 +5,7 @@ ExecuTorch kernels (static registration into libexecutorch.so's operator
 registry; opened with RTLD_GLOBAL before any program runs) and its sibling
 ``libgdn_runtime_ops_aten.so`` the ATen CPU kernels of the ``gdn`` ops (through
 ``torch.ops.load_library``). They are looked up where ``python -m
-runtime_ops.build`` installs them, or at ``$GDN_RUNTIME_OPS_LIB`` (the
+runtime_ops.build`` puts them (``build/runtime_ops/lib/``), or at ``$GDN_RUNTIME_OPS_LIB`` (the
 ExecuTorch library; the ATen one sits next to it). ``import gdn_export`` calls
 ``load`` through its ``gdn_export.kernels`` entry point.
 """

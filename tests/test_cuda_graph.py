@@ -97,9 +97,9 @@ print(json.dumps(errors))
 def test_exported_program_runs_like_the_reference_model(cuda_model, checkpoint, tmp_path):
     """What ``export_qwen35 --backend cuda`` hands to CudaBackend (forward with T dynamic, so the
     chunked op for every call) computes the reference model's logits: prefill, then decode steps."""
-    from gdn_export.export import export_forward
+    from gdn_export.backends import export_llm_forward
 
-    program = export_forward(cuda_model, prefill_chunk=16)
+    program = export_llm_forward(cuda_model, prefill_chunk=16)
     path = tmp_path / "program.pt2"
     torch.export.save(program, path)
     generator = torch.Generator().manual_seed(torch.seed())
