@@ -26,6 +26,7 @@ from gdn_export.ops.conformance import (
     FUSED_CASES,
     Implementation,
     OpCase,
+    registered_ops,
     unsupported_head_dims,
     with_head_dims,
 )
@@ -85,18 +86,7 @@ def _inplace(query, key, value, g, beta, state, *, output, **kwargs):
 
 def _implementations() -> list[Implementation]:
     if torch.cuda.is_available():
-        return [
-            Implementation(
-                name="op-cuda",
-                functional=torch.ops.gdn.gated_delta_rule,
-                out=torch.ops.gdn.gated_delta_rule.out,
-                inplace=torch.ops.gdn.gated_delta_rule_inplace.out,
-                device="cuda",
-                fused=torch.ops.gdn.fused_gated_delta_rule.out,
-                unsupported=_unsupported,
-                op_cases=_all_with_head_dims,
-            )
-        ]
+        return [registered_ops("op-cuda", device="cuda", unsupported=_unsupported, op_cases=_all_with_head_dims)]
     return [
         Implementation(
             name="cuda-triton-interpreter",

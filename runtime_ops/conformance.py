@@ -1,19 +1,18 @@
-"""The C++ kernels as conformance implementations: eagerly, and inside ExecuTorch programs.
+"""The C++ kernels inside ExecuTorch programs, as a conformance implementation.
 
-* ``runtime-ops-eager``: the ATen CPU kernels of ``gdn::gated_delta_rule``
-  (+ ``.out``; the in-place form runs ``.out``), through the registered ops as
-  ``op-cpu`` does, but refusing to run when the library is not loaded: ``op-cpu``
-  then quietly runs the reference, this row fails.
-* ``runtime-ops-pte``: every call runs a small exported ``.pte`` through
-  ``executorch.runtime`` (one program per case shape, the sequence length
-  dynamic, cached for the session): functional and ``.out`` with a separate
-  final state call ``gdn.gated_delta_rule`` (lowered to the
-  ``gated_delta_rule.out`` kernel), the in-place forms
-  ``gdn.gated_delta_rule_inplace`` on the state input
-  (``gated_delta_rule_inplace.out``), attention ``gdn.cached_attention``
-  (``cached_attention.out``, float32) with the caches as inputs.
+Eagerly the C++ kernels are what the core's ``op-cpu`` row runs once
+runtime_ops is loaded (tests/test_runtime_ops.py checks the dispatch). Here,
+``runtime-ops-pte``: every call runs a small exported ``.pte`` through
+``executorch.runtime`` (one program per case shape, the sequence length
+dynamic, cached for the session): functional and ``.out`` with a separate
+final state call ``gdn.gated_delta_rule`` (lowered to the
+``gated_delta_rule.out`` kernel), the in-place forms
+``gdn.gated_delta_rule_inplace`` on the state input
+(``gated_delta_rule_inplace.out``), attention ``gdn.cached_attention``
+(``cached_attention.out``, float32) with the caches as inputs. Without the
+library every case is reported unsupported (``op-cpu`` then runs the reference).
 
-Both CPU backends (portable, xnnpack) run these kernels and list these rows.
+Both CPU backends (portable, xnnpack) run these kernels and list this row.
 """
 
 from __future__ import annotations
@@ -148,7 +147,7 @@ def pte_cached_attention(query, k_cache, v_cache, input_pos, *, scale=None, outp
 
 
 def _loaded(entry):
-    """``entry``, refusing to run without the C++ kernels (the registered op would run the reference)."""
+    """``entry``, refusing to run without the C++ kernels with a message saying so."""
 
     def call(*args, **kwargs):
         if not runtime_ops_available():
@@ -158,30 +157,21 @@ def _loaded(entry):
     return call
 
 
-def _not_loaded(case) -> Optional[str]:
-    return None if runtime_ops_available() else NOT_LOADED
-
-
-def _pte_unsupported(case) -> Optional[str]:
+def _unsupported(case) -> Optional[str]:
+    if not runtime_ops_available():
+        return NOT_LOADED
     if isinstance(case, AttentionCase) and case.dtype != torch.float32:
         return f"{case.dtype}: the C++ attention kernel reads float32 (other caches keep the masked form)"
-    return _not_loaded(case)
+    return None
 
 
 IMPLEMENTATIONS = [
-    Implementation(
-        name="runtime-ops-eager",
-        functional=_loaded(torch.ops.gdn.gated_delta_rule),
-        out=_loaded(torch.ops.gdn.gated_delta_rule.out),
-        inplace=_loaded(torch.ops.gdn.gated_delta_rule_inplace.out),
-        unsupported=_not_loaded,
-    ),
     Implementation(
         name="runtime-ops-pte",
         functional=_loaded(pte_functional),
         out=_loaded(pte_out),
         inplace=_loaded(pte_inplace),
         cached_attention=_loaded(pte_cached_attention),
-        unsupported=_pte_unsupported,
+        unsupported=_unsupported,
     ),
 ]

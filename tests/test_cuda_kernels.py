@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from gdn_export.ops import reference
-from gdn_export.ops.conformance import OpCase, expected_outputs, make_inputs
-from tests.conformance.checks import assert_within_tolerance
+from gdn_export.ops.conformance import OpCase, check_results, expected_outputs, make_inputs
 from tests.triton_interpreter import DEVICE, INTERPRETED, ON_CUDA, rerun_module
 
 
@@ -42,7 +41,7 @@ else:
             *inputs.as_args()[:5], state, use_qk_l2norm=True, final_state=state
         )
         assert final_state is state and state.data_ptr() == pointer
-        assert_within_tolerance(case, output, state, expected_output, expected_state)
+        check_results(case, output, expected_output, state, expected_state)
 
     def test_unsupported_head_size_raises_before_writing(generator):
         case = dataclasses.replace(base, key_dim=32, length=1)
@@ -85,4 +84,4 @@ else:
             torch.ops.gdn.gated_delta_rule.out(
                 *inputs.as_args()[:5], state, use_qk_l2norm=True, output=output, final_state=state
             )
-            assert_within_tolerance(case, output, state, expected_output, expected_state)
+            check_results(case, output, expected_output, state, expected_state)

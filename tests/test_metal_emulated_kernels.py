@@ -1,7 +1,7 @@
 """The Metal kernels, run on the CPU by the lockstep emulator: what the conformance table does not cover.
 
 The table's rows of the emulated kernels run in tests/conformance
-(``metal-emulated``; ``make metal-check`` runs them with this file). Here:
+(``metal-emulation``; ``make metal-check`` runs them with this file). Here:
 refused head dims raise NotImplementedError naming them before anything is
 written (the MPS eager op then falls back to the reference), and bad shapes
 and dtypes raise clear errors.

@@ -79,7 +79,12 @@ class OpCase:
     @property
     def tolerance(self) -> float:
         """Bound on max|actual - expected| / max|expected| against the fp64 reference."""
-        return 1e-5 if self.dtype == torch.float32 else 1e-2
+        return tolerance_of(self.dtype)
+
+
+def tolerance_of(dtype: torch.dtype) -> float:
+    """A case's error bound (max|actual - expected| / max|expected|) for inputs and outputs of ``dtype``."""
+    return 1e-5 if dtype == torch.float32 else 1e-2
 
 
 @dataclass
@@ -224,8 +229,21 @@ def with_head_dims(cases: Sequence[OpCase], head_dims: Sequence[int]) -> tuple[O
     return tuple(dict.fromkeys([*cases, *variants]))
 
 
-def run_case(impl: Implementation, case: OpCase, inputs: OpInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run ``case`` through ``impl``; out tensors are NaN-poisoned before the kernel writes them."""
+def _watched(tensor: torch.Tensor, watched: Optional[list]) -> torch.Tensor:
+    """``tensor``, an out tensor about to be passed to a call; noted with a copy of what it holds in ``watched``."""
+    if watched is not None:
+        watched.append((tensor, tensor.clone()))
+    return tensor
+
+
+def run_case(
+    impl: Implementation, case: OpCase, inputs: OpInputs, *, watched: Optional[list] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``case`` through ``impl``; out tensors are NaN-poisoned before the kernel writes them.
+
+    Each out tensor (and in-place state) is noted in ``watched`` with its
+    contents before the call, so a refused call can be checked to write nothing.
+    """
     kwargs = {"scale": case.scale, "use_qk_l2norm": case.use_qk_l2norm}
     boundaries = [0, case.length] if case.split_at is None else [0, case.split_at, case.length]
     state = inputs.initial_state
@@ -235,16 +253,16 @@ def run_case(impl: Implementation, case: OpCase, inputs: OpInputs) -> tuple[torc
         if case.call == "functional":
             output, state = impl.functional(*step, state, **kwargs)
         else:
-            output = torch.full_like(step[2], float("nan"))
+            output = _watched(torch.full_like(step[2], float("nan")), watched)
             if case.call == "inplace":
-                state = state.clone() if state is inputs.initial_state else state
+                state = _watched(state.clone() if state is inputs.initial_state else state, watched)
                 impl.inplace(*step, state, **kwargs, output=output)
             elif case.call == "out_inplace":
-                final_state = state.clone() if state is inputs.initial_state else state
+                final_state = _watched(state.clone() if state is inputs.initial_state else state, watched)
                 impl.out(*step, final_state, **kwargs, output=output, final_state=final_state)
                 state = final_state
             else:
-                final_state = torch.full_like(state, float("nan"))
+                final_state = _watched(torch.full_like(state, float("nan")), watched)
                 impl.out(*step, state, **kwargs, output=output, final_state=final_state)
                 state = final_state
         outputs.append(output)
@@ -289,17 +307,22 @@ def expected_fused_outputs(case: OpCase, inputs: FusedInputs) -> tuple[torch.Ten
     )
 
 
-def run_fused_case(impl: Implementation, case: OpCase, inputs: FusedInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the fused op (state in place, output NaN-poisoned), in two calls when ``split_at`` is set."""
+def run_fused_case(
+    impl: Implementation, case: OpCase, inputs: FusedInputs, *, watched: Optional[list] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the fused op (state in place, output NaN-poisoned), in two calls when ``split_at`` is set.
+
+    ``watched`` as for ``run_case``.
+    """
     boundaries = [0, case.length] if case.split_at is None else [0, case.split_at, case.length]
-    state = inputs.state.clone()
+    state = _watched(inputs.state.clone(), watched)
     outputs = []
     for start, stop in zip(boundaries[:-1], boundaries[1:]):
         step = [t[:, start:stop] for t in (inputs.mixed_qkv, inputs.a, inputs.b)]
-        output = torch.full(
+        output = _watched(torch.full(
             (case.batch, stop - start, case.num_v_heads, case.value_dim), float("nan"),
             dtype=case.dtype, device=state.device,
-        )
+        ), watched)
         impl.fused(*step, inputs.A_log, inputs.dt_bias, state, scale=case.scale, output=output)
         outputs.append(output)
     return torch.cat(outputs, dim=1), state
@@ -366,33 +389,28 @@ FUSED_CASES: tuple[OpCase, ...] = tuple(
 class AttentionCase:
     """``gdn::cached_attention``: T new tokens' queries at position ``start`` over caches of ``max_len`` positions."""
 
+    # The layer: query heads over KV heads, and caches of max_len positions.
     num_heads: int = 4
     num_kv_heads: int = 2
-    length: int = 7
-    start: int = 0
     head_dim: int = 16
     max_len: int = 64
-    scale: Optional[float] = None
     dtype: torch.dtype = torch.float32
-
-    @property
-    def name(self) -> str:
-        parts = [
-            f"H{self.num_heads}x{self.num_kv_heads}",
-            f"T{self.length}",
-            f"pos{self.start}",
-            f"D{self.head_dim}",
-            f"S{self.max_len}",
-            str(self.dtype).removeprefix("torch."),
-        ]
-        if self.scale is not None:
-            parts.append(f"scale{self.scale}")
-        return "attention-" + "-".join(parts)
+    # The call: T new tokens from position start.
+    length: int = 7
+    start: int = 0
+    scale: Optional[float] = None
 
     @property
     def tolerance(self) -> float:
         """Bound on max|actual - expected| / max|expected| against the fp64 per-row attention."""
-        return 1e-5 if self.dtype == torch.float32 else 1e-2
+        return tolerance_of(self.dtype)
+
+    @property
+    def name(self) -> str:
+        dtype = str(self.dtype).removeprefix("torch.")
+        scale = "" if self.scale is None else f"-scale{self.scale}"
+        return (f"attention-H{self.num_heads}x{self.num_kv_heads}-T{self.length}-pos{self.start}-D{self.head_dim}"
+                f"-S{self.max_len}-{dtype}{scale}")
 
 
 @dataclass
@@ -435,9 +453,11 @@ def expected_attention_output(case: AttentionCase, inputs: AttentionInputs) -> t
     return output
 
 
-def run_attention_case(impl: Implementation, case: AttentionCase, inputs: AttentionInputs) -> torch.Tensor:
-    """Run ``case`` through ``impl.cached_attention`` into a NaN-poisoned output."""
-    output = torch.full_like(inputs.query, float("nan"))
+def run_attention_case(
+    impl: Implementation, case: AttentionCase, inputs: AttentionInputs, *, watched: Optional[list] = None
+) -> torch.Tensor:
+    """Run ``case`` through ``impl.cached_attention`` into a NaN-poisoned output (``watched`` as for ``run_case``)."""
+    output = _watched(torch.full_like(inputs.query, float("nan")), watched)
     impl.cached_attention(*inputs.as_args(), scale=case.scale, output=output)
     return output
 
@@ -467,17 +487,23 @@ def _attention_cases() -> list[AttentionCase]:
 
 ATTENTION_CASES: tuple[AttentionCase, ...] = tuple(_attention_cases())
 
-# The core's implementations: what the ops' callers get, and the spec itself.
-REFERENCE_IMPLEMENTATIONS = (
-    # The registered ops on CPU: the reference until a kernel registers for the CPU key.
-    Implementation(
-        name="op-cpu",
+def registered_ops(name: str, device: str = "cpu", **options) -> Implementation:
+    """The registered ``torch.ops.gdn`` ops on ``device``'s tensors, i.e. whatever kernels dispatch there."""
+    return Implementation(
+        name=name,
         functional=torch.ops.gdn.gated_delta_rule,
         out=torch.ops.gdn.gated_delta_rule.out,
         inplace=torch.ops.gdn.gated_delta_rule_inplace.out,
+        device=device,
         fused=torch.ops.gdn.fused_gated_delta_rule.out,
-        cached_attention=torch.ops.gdn.cached_attention.out,
-    ),
+        **options,
+    )
+
+
+# The core's implementations: what the ops' callers get, and the spec itself.
+REFERENCE_IMPLEMENTATIONS = (
+    # The registered ops on CPU: the reference until a kernel registers for the CPU key (runtime_ops does).
+    registered_ops("op-cpu", cached_attention=torch.ops.gdn.cached_attention.out),
     # The pure-PyTorch reference itself (per-token for short T, chunked for long T).
     Implementation(
         name="reference",
@@ -487,3 +513,94 @@ REFERENCE_IMPLEMENTATIONS = (
         cached_attention=reference_cached_attention_out,
     ),
 )
+
+
+# The one check of a result and of a refusal, which every driver of the table uses (the test suite's, the GPU
+# device scripts', kernel-specific tests).
+UNSUPPORTED_ERRORS = (NotImplementedError, ValueError, RuntimeError)
+
+
+class ConformanceError(AssertionError):
+    """An implementation broke the op contract on a case: a result off the reference, or a refusal that wrote."""
+
+
+def check_results(case, output, expected_output, final_state=None, expected_state=None) -> dict[str, float]:
+    """The relative errors of ``output`` (and ``final_state``) against the fp64 expectations, by name.
+
+    Raises ConformanceError unless the dtypes are the contract's (the output's
+    that of ``case``, the state float32) and each error is within ``case.tolerance``.
+    """
+    results = {"output": (output, expected_output, case.dtype)}
+    if final_state is not None:
+        results["final_state"] = (final_state, expected_state, torch.float32)
+    errors = {}
+    for name, (actual, expected, dtype) in results.items():
+        if actual.dtype != dtype:
+            raise ConformanceError(f"{name} is {actual.dtype}, expected {dtype}")
+        errors[name] = relative_error(actual, expected)
+    failed = [f"{name} error {error:.3g}" for name, error in errors.items() if not error <= case.tolerance]
+    if failed:
+        raise ConformanceError(f"{', '.join(failed)} > tolerance {case.tolerance:g}")
+    return errors
+
+
+def _unchanged(tensors: Sequence[torch.Tensor], before: Sequence[torch.Tensor]) -> bool:
+    """Whether each tensor still holds what its copy in ``before`` does (NaN where it was NaN)."""
+    return all(
+        torch.equal(tensor.isnan(), old.isnan()) and torch.equal(tensor.nan_to_num(), old.nan_to_num())
+        for tensor, old in zip(tensors, before)
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A case an implementation passed: its errors by result name, or, if it refused the case, why."""
+
+    errors: dict
+    refused: Optional[str] = None
+    raised: Optional[str] = None  # the refusal's error, "Type: first line"
+
+    def __str__(self) -> str:
+        if self.refused is not None:
+            return f"refused ({self.refused}): {self.raised}"
+        return "  ".join(f"{name} {error:9.2e}" for name, error in self.errors.items())
+
+
+def check_case(impl: Implementation, case: Union[OpCase, "AttentionCase"], generator: torch.Generator, *,
+               fused: bool = False) -> Outcome:
+    """Run ``case`` (of ``FUSED_CASES`` if ``fused``) through ``impl`` on inputs drawn from ``generator``.
+
+    A case ``impl.unsupported`` names must raise one of UNSUPPORTED_ERRORS
+    having written nothing; any other must match the fp64 reference within the
+    case's tolerance (``check_results``) and leave its inputs as they were.
+    Raises ConformanceError otherwise.
+    """
+    if isinstance(case, AttentionCase):
+        make, expect, run = make_attention_inputs, expected_attention_output, run_attention_case
+    elif fused:
+        make, expect, run = make_fused_inputs, expected_fused_outputs, run_fused_case
+    else:
+        make, expect, run = make_inputs, expected_outputs, run_case
+    inputs = make(case, generator, device=impl.device)
+    untouched = [t.clone() for t in inputs.as_args()]
+    reason = impl.unsupported(case)
+    if reason is not None:
+        watched = []
+        try:
+            run(impl, case, inputs, watched=watched)
+        except UNSUPPORTED_ERRORS as error:
+            raised = f"{type(error).__name__}: {(str(error).strip() or 'no message').splitlines()[0]}"
+        else:
+            raise ConformanceError(f"unsupported ({reason}) but ran without an error")
+        if not _unchanged([t for t, _ in watched] + list(inputs.as_args()), [b for _, b in watched] + untouched):
+            raise ConformanceError(f"refused ({raised}) after writing an output or input")
+        return Outcome(errors={}, refused=reason, raised=raised)
+    expected = expect(case, inputs)
+    results = run(impl, case, inputs)
+    if isinstance(results, torch.Tensor):  # cached_attention: the output only
+        errors = check_results(case, results, expected)
+    else:
+        errors = check_results(case, results[0], expected[0], results[1], expected[1])
+    if not _unchanged(inputs.as_args(), untouched):
+        raise ConformanceError("an input was modified")
+    return Outcome(errors=errors)

@@ -1,16 +1,19 @@
 """Every implementation of the gdn ops over the one case table (gdn_export.ops.conformance).
 
-The rows: the core's (``op-cpu``, the registered ops; ``reference``) and those
-of every registered backend (``Backend.conformance_implementations``):
-runtime_ops' C++ kernels eagerly and inside ``.pte`` programs (the portable and
-xnnpack backends share them), cuda_backend's Triton kernels, metal_backend's
-kernels on MPS and emulated. Each implementation runs ``CASES`` and
-``FUSED_CASES`` (as its ``op_cases`` selects them) and, if it implements
-``gdn::cached_attention``, ``ATTENTION_CASES``, against fp64 references, with
-its outputs NaN-poisoned before it writes them.
+The rows: the core's (``op-cpu``, the registered ops, which run runtime_ops'
+C++ kernels once they are loaded; ``reference``) and those of every registered
+backend (``Backend.conformance_implementations``): runtime_ops' C++ kernels
+inside ``.pte`` programs (the portable and xnnpack backends share them),
+cuda_backend's Triton kernels, metal_backend's kernels on MPS and emulated.
+Each implementation runs ``CASES`` and ``FUSED_CASES`` (as its ``op_cases``
+selects them) and, if it implements ``gdn::cached_attention``,
+``ATTENTION_CASES``. Every row is the table's one check,
+``gdn_export.ops.conformance.check_case`` (the GPU device scripts run it too):
+fp64 references, outputs NaN-poisoned before the call, inputs left as they were.
 
-A case an implementation does not support must raise a clear error; it is
-listed in the run's summary ("conformance: unsupported cases"), never skipped.
+A case an implementation does not support must raise a clear error having
+written nothing; it is listed in the run's summary ("conformance: unsupported
+cases"), never skipped.
 
 Triton's kernels: on a GPU, the whole table runs on CUDA tensors (``op-cuda``,
 in this process). Without one they run under Triton's interpreter, which must
@@ -26,31 +29,11 @@ import os
 import re
 
 import pytest
-import torch
 
 from gdn_export.backends import backend_names, get_backend
-from gdn_export.ops.conformance import (
-    ATTENTION_CASES,
-    CASES,
-    FUSED_CASES,
-    REFERENCE_IMPLEMENTATIONS,
-    expected_attention_output,
-    expected_fused_outputs,
-    expected_outputs,
-    make_attention_inputs,
-    make_fused_inputs,
-    make_inputs,
-    relative_error,
-    run_attention_case,
-    run_case,
-    run_fused_case,
-)
+from gdn_export.ops.conformance import ATTENTION_CASES, CASES, FUSED_CASES, REFERENCE_IMPLEMENTATIONS, check_case
 from tests.conftest import UNSUPPORTED_PROPERTY, UNSUPPORTED_SECTION
 from tests.triton_interpreter import run_pytest_child
-
-from .checks import assert_within_tolerance
-
-UNSUPPORTED_ERRORS = (NotImplementedError, ValueError, RuntimeError)
 
 
 def registered_implementations() -> list:
@@ -77,58 +60,28 @@ def rows(tables: dict) -> list:
     return [pytest.param(impl, case, id=f"{impl.name}-{case.name}") for impl, cases in tables.items() for case in cases]
 
 
-def check_unsupported(impl, case, run, inputs, request) -> bool:
-    """Whether ``impl`` refuses ``case``; if so, ``run`` must raise, leaving the inputs untouched."""
-    reason = impl.unsupported(case)
-    if reason is None:
-        return False
-    request.node.user_properties.append((UNSUPPORTED_PROPERTY, f"{impl.name}: {case.name}: {reason}"))
-    untouched = [t.clone() for t in inputs.as_args()]
-    with pytest.raises(UNSUPPORTED_ERRORS):
-        run(impl, case, inputs)
-    assert all(torch.equal(before, after) for before, after in zip(untouched, inputs.as_args())), (
-        "an input was modified by a refused call"
-    )
-    return True
+def check(impl, case, generator, request, fused=False) -> None:
+    """The table's one check (``check_case``); a refused case goes into the run's unsupported summary."""
+    outcome = check_case(impl, case, generator, fused=fused)
+    if outcome.refused is not None:
+        request.node.user_properties.append((UNSUPPORTED_PROPERTY, f"{impl.name}: {case.name}: {outcome.refused}"))
 
 
 @pytest.mark.parametrize("impl,case", rows({impl: impl.op_cases(CASES) for impl in HERE}))
 def test_case(impl, case, generator, request):
-    inputs = make_inputs(case, generator, device=impl.device)
-    if check_unsupported(impl, case, run_case, inputs, request):
-        return
-    expected_output, expected_state = expected_outputs(case, inputs)
-    untouched = [t.clone() for t in inputs.as_args()]
-    output, final_state = run_case(impl, case, inputs)
-    assert_within_tolerance(case, output, final_state, expected_output, expected_state)
-    for before, after in zip(untouched, inputs.as_args()):
-        assert torch.equal(before, after), "an input was modified"
+    check(impl, case, generator, request)
 
 
 @pytest.mark.parametrize("impl,case", rows({impl: impl.op_cases(FUSED_CASES) for impl in HERE if impl.fused}))
 def test_fused_case(impl, case, generator, request):
     """gdn.fused_gated_delta_rule against the unfused reference after reference gating."""
-    inputs = make_fused_inputs(case, generator, device=impl.device)
-    if check_unsupported(impl, case, run_fused_case, inputs, request):
-        return
-    expected_output, expected_state = expected_fused_outputs(case, inputs)
-    output, final_state = run_fused_case(impl, case, inputs)
-    assert_within_tolerance(case, output, final_state, expected_output, expected_state)
+    check(impl, case, generator, request, fused=True)
 
 
 @pytest.mark.parametrize("impl,case", rows({impl: ATTENTION_CASES for impl in HERE if impl.cached_attention}))
 def test_attention_case(impl, case, generator, request):
     """gdn::cached_attention against fp64 attention computed row by row."""
-    inputs = make_attention_inputs(case, generator, device=impl.device)
-    if check_unsupported(impl, case, run_attention_case, inputs, request):
-        return
-    untouched = [t.clone() for t in inputs.as_args()]
-    output = run_attention_case(impl, case, inputs)
-    assert output.dtype == case.dtype and output.shape == inputs.query.shape
-    error = relative_error(output, expected_attention_output(case, inputs))
-    assert error <= case.tolerance, f"output error {error:.3g}"
-    for before, after in zip(untouched, inputs.as_args()):
-        assert torch.equal(before, after), "an input was modified"
+    check(impl, case, generator, request)
 
 
 def reported_unsupported(child_output: str) -> list[str]:
