@@ -38,6 +38,8 @@ EXTREMES = (None, "g_min", "g_zero", "beta_zero", "beta_one")
 
 @dataclass(frozen=True)
 class OpCase:
+    """``gdn::gated_delta_rule`` (or, in FUSED_CASES, the fused op) on one shape, gate kind, dtype and call form."""
+
     batch: int = 1
     length: int = 17
     num_k_heads: int = 2
