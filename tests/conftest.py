@@ -76,6 +76,22 @@ def _seed_torch_global_generator(seed):
     torch.manual_seed(seed)
 
 
+# The tiny dense and MoE checkpoints that loading and rewrite tests read; each module
+# builds its own from its module seed.
+@pytest.fixture(scope="module")
+def dense_checkpoint(tmp_path_factory, module_seed):
+    from gdn_export.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("dense"), seed=module_seed)
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory, module_seed):
+    from gdn_export.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("moe"), moe=True, wrapper=True, seed=module_seed)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield
