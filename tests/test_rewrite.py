@@ -22,11 +22,6 @@ OPS = {
 }
 
 
-@pytest.fixture(scope="module")
-def seed():
-    return torch.seed() % 2**31
-
-
 def linear_attention_layers(model):
     return [module for module in model.modules() if isinstance(module, GatedDeltaNet)]
 
