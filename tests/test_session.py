@@ -18,7 +18,7 @@ import torch
 
 from gdn_export.cli import run_main
 from gdn_export.export import export_qwen35
-from gdn_export.runner import ProgramRunner, generate, load_tokenizer
+from gdn_export.runner import ProgramRunner, TextStream, generate, load_tokenizer
 from gdn_export.session import LOGITS, Session, StateFileError, read_state_file
 from gdn_export.tiny import make_tiny_checkpoint
 
@@ -80,6 +80,12 @@ def programs(tmp_path_factory):
 def random_tokens(generator, count):
     # Ids 3 and up: the tiny tokenizer's first three are its special tokens.
     return torch.randint(3, 512, (count,), generator=generator).tolist()
+
+
+def streamed(tokenizer, tokens) -> str:
+    """The text gdn-run prints for ``tokens`` (bytes of an unfinished character are held back)."""
+    stream = TextStream(tokenizer)
+    return "".join(stream.push(token) for token in tokens)
 
 
 def one_shot(program_path, tokens, new_tokens):
@@ -159,7 +165,7 @@ def test_gdn_run_save_load_and_prompt_cache(programs, seed, tmp_path, capsys):
     continued = capsys.readouterr().out.rstrip("\n")
     saved = read_state_file(state)
     expected = one_shot(programs.program(name), saved.tokens + tokenizer.encode(text_2).ids, 8)
-    assert continued == tokenizer.decode(expected, skip_special_tokens=False)
+    assert continued == streamed(tokenizer, expected)
 
     cache = tmp_path / "prompt.cache"
     for prompt, reused in ((text_1, 0), (text_1 + text_2, len(tokenizer.encode(text_1).ids))):
@@ -167,7 +173,7 @@ def test_gdn_run_save_load_and_prompt_cache(programs, seed, tmp_path, capsys):
         captured = capsys.readouterr()
         assert f"reused {reused} of {len(tokenizer.encode(prompt).ids)} prompt tokens" in captured.err
         expected = one_shot(programs.program(name), tokenizer.encode(prompt).ids, 5)
-        assert captured.out.rstrip("\n") == tokenizer.decode(expected, skip_special_tokens=False)
+        assert captured.out.rstrip("\n") == streamed(tokenizer, expected)
 
 
 def test_chat_feeds_each_turn_once_and_continues_as_one_shot(programs, seed, monkeypatch, capsys):
@@ -196,7 +202,7 @@ def test_chat_feeds_each_turn_once_and_continues_as_one_shot(programs, seed, mon
         reply = one_shot(programs.program(name), conversation, 7)
         conversation += reply
         replies.append(reply)
-    shown = [tokenizer.decode([t for t in reply if t not in eos_ids], skip_special_tokens=False) for reply in replies]
+    shown = [streamed(tokenizer, [t for t in reply if t not in eos_ids]) for reply in replies]
     assert captured.out == "".join(text + "\n" for text in shown)
 
 
@@ -251,3 +257,41 @@ def test_foreign_truncated_and_out_of_context_states_are_refused(programs, seed,
         read_state_file(programs.checkpoint("dense") / "model.safetensors")
     with pytest.raises(ValueError, match="nothing to save"):
         Session(ProgramRunner(programs.program(dense))).save(tmp_path / "empty.state")
+
+
+def test_chat_ctrl_c_ends_with_one_line_and_writes_nothing(programs, tmp_path, monkeypatch, capsys):
+    name = "moe-portable-fp32"
+
+    class InterruptedStdin(io.StringIO):
+        """One message, then Ctrl-C while gdn-run waits for the next."""
+
+        def readline(self, *args):
+            line = super().readline(*args)
+            if not line:
+                raise KeyboardInterrupt
+            return line
+
+    monkeypatch.setattr("sys.stdin", InterruptedStdin("hello there\n"))
+    state = tmp_path / "chat.state"
+    status = run_main(["--model", str(programs.program(name)), "--tokenizer", str(programs.tokenizer_path(name)),
+                       "--chat", "--max-new-tokens", "3", "--save-state", str(state)])
+    assert status == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["gdn-run: interrupted; nothing written"]
+    assert not state.exists()
+
+
+def test_bench_prompt_cache_times_a_restored_prefix(programs, seed, tmp_path):
+    """gdn-bench e2e --prompt-cache's measurement, on a tiny program (the 0.8B shape is the benchmark's)."""
+    from gdn_bench import e2e
+
+    plan = e2e.CachePlan(prefix=40, question=6, rounds=2, vocab_size=512, seed=seed, threads=1)
+    cache = tmp_path / "prompt_cache.state"
+    entry = e2e.time_prompt_cache(str(programs.program("dense-xnnpack-fp32")), plan, str(cache))
+    state = read_state_file(cache)
+    assert state.position == len(state.tokens) == 40 and entry["state_file_bytes"] == cache.stat().st_size
+    # Restored and prefilled states give the same first token, to float32 rounding.
+    assert entry["first_token_equal"] and entry["max_logits_gap"] < 1e-4
+    assert entry["ttft_cached_s"] > 0 and entry["ttft_uncached_s"] > 0 and entry["load_s"] > 0
+    table = e2e.prompt_cache_report({**entry, "threads": 1, "load_average": [0.5, 0.7], "measured_at": "now"})
+    ratio = entry["ttft_cached_s"] / entry["ttft_uncached_s"]
+    assert f"| 40 + 6 | {entry['ttft_uncached_s']:.2f} | {entry['ttft_cached_s']:.3f} | {ratio:.3f}x | 0.1x |" in table
