@@ -15,9 +15,6 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Optional
-
-import torch
 
 from gdn_export.runner import Generation, RunnerError, check_prompt_fits
 from gdn_export.session import Session
@@ -111,21 +108,12 @@ class Chat:
             text = text.removeprefix(generated_end)
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
-    def say(
-        self,
-        user_text: str,
-        *,
-        max_new_tokens: int,
-        temperature: float = 0.0,
-        on_token: Callable[[int], None] = lambda token: None,
-        generator: Optional[torch.Generator] = None,
-    ) -> Generation:
-        """Feed the user's message and generate the reply (until an end-of-sequence token or the budget)."""
+    def say(self, user_text: str, *, max_new_tokens: int, **sampling) -> Generation:
+        """Feed the user's message and generate the reply (until an end-of-sequence token or the budget);
+        ``sampling`` is ``Session.respond``'s temperature, on_token and generator."""
         tokens = self.turn_tokens(user_text)
         check_prompt_fits(self.session.program, len(tokens), len(self.session.tokens), what="the message")
-        result = self.session.respond(
-            tokens, max_new_tokens=max_new_tokens, temperature=temperature, on_token=on_token, generator=generator
-        )
+        result = self.session.respond(tokens, max_new_tokens=max_new_tokens, **sampling)
         reply = [token for token in result.tokens if token not in self.session.eos_ids]
         self.messages += [
             {"role": "user", "content": user_text},

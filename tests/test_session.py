@@ -208,6 +208,7 @@ def test_chat_feeds_each_turn_once_and_continues_as_one_shot(programs, seed, mon
 
 def refusal(arguments, capsys) -> str:
     """gdn-run's one error line for ``arguments`` (status 1)."""
+    capsys.readouterr()  # what making the programs printed
     assert run_main(arguments) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
@@ -273,9 +274,10 @@ def test_chat_ctrl_c_ends_with_one_line_and_writes_nothing(programs, tmp_path, m
 
     monkeypatch.setattr("sys.stdin", InterruptedStdin("hello there\n"))
     state = tmp_path / "chat.state"
-    status = run_main(["--model", str(programs.program(name)), "--tokenizer", str(programs.tokenizer_path(name)),
-                       "--chat", "--max-new-tokens", "3", "--save-state", str(state)])
-    assert status == 130
+    arguments = ["--model", str(programs.program(name)), "--tokenizer", str(programs.tokenizer_path(name)),
+                 "--chat", "--max-new-tokens", "3", "--save-state", str(state)]
+    capsys.readouterr()  # what making the program printed
+    assert run_main(arguments) == 130
     assert capsys.readouterr().err.strip().splitlines() == ["gdn-run: interrupted; nothing written"]
     assert not state.exists()
 
