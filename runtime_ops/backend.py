@@ -46,6 +46,11 @@ class CpuBackend(Backend):
             share_mutable_buffers=True,
         )
 
+    def conformance_implementations(self) -> list:
+        from runtime_ops.conformance import IMPLEMENTATIONS
+
+        return IMPLEMENTATIONS
+
 
 class XnnpackBackend(CpuBackend):
     name = "xnnpack"

@@ -23,16 +23,6 @@ def seed():
     return fresh_seed()
 
 
-@pytest.fixture(scope="module")
-def dense_checkpoint(tmp_path_factory, seed):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("dense"), seed=seed)
-
-
-@pytest.fixture(scope="module")
-def moe_checkpoint(tmp_path_factory, seed):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("moe"), moe=True, wrapper=True, seed=seed)
-
-
 def copy_checkpoint(source, destination):
     shutil.copytree(source, destination)
     return destination
