@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import random
 
 import pytest
@@ -32,31 +31,24 @@ PROGRAMS = {
     "dense-xnnpack-8da4w": ("dense", dict(backend="xnnpack", quantize="8da4w")),
     "dense-portable-int8wo": ("dense", dict(backend="portable", quantize="int8wo")),
 }
-CHECKPOINTS = {"dense": dict(seed=11), "moe": dict(moe=True, seed=12)}
+CHECKPOINTS = {"dense": dict(), "moe": dict(moe=True, wrapper=True)}
 # Where calls start changes float32 results by about 1e-6 (chunked and step-by-step arithmetic);
 # these programs round activations to bf16 or int8, which turns that into about 1e-2, so a greedy
 # near-tie may break either way between a conversation fed in several calls and one call.
 ROUNDING_PROGRAMS = {"moe-xnnpack-bf16", "dense-xnnpack-8da4w"}
 
 
-@pytest.fixture
-def seed() -> int:
-    """This test's input seed: GDN_TEST_SEED from the environment, else a fresh one; printed (shown on failure)."""
-    value = int(os.environ.get("GDN_TEST_SEED") or random.SystemRandom().randrange(2**31))
-    print(f"inputs drawn with GDN_TEST_SEED={value}")
-    return value
-
-
 class Programs:
     """Tiny checkpoints and their programs, made on first use and shared by the module's tests."""
 
-    def __init__(self, root):
-        self.root = root
+    def __init__(self, root, seed):
+        self.root, self.seed = root, seed
         self.made = {}
 
     def checkpoint(self, name):
         if name not in self.made:
-            self.made[name] = make_tiny_checkpoint(self.root / name, **CHECKPOINTS[name])
+            seed = self.seed + list(CHECKPOINTS).index(name)
+            self.made[name] = make_tiny_checkpoint(self.root / name, seed=seed, **CHECKPOINTS[name])
         return self.made[name]
 
     def program(self, name):
@@ -73,8 +65,8 @@ class Programs:
 
 
 @pytest.fixture(scope="module")
-def programs(tmp_path_factory):
-    return Programs(tmp_path_factory.mktemp("session"))
+def programs(tmp_path_factory, module_seed):
+    return Programs(tmp_path_factory.mktemp("session"), module_seed)
 
 
 def random_tokens(generator, count):
@@ -94,8 +86,7 @@ def one_shot(program_path, tokens, new_tokens):
 
 
 @pytest.mark.parametrize("name", list(PROGRAMS))
-def test_saved_state_continues_exactly(programs, name, seed, tmp_path):
-    generator = torch.Generator().manual_seed(seed)
+def test_saved_state_continues_exactly(programs, name, generator, tmp_path):
     turn_1, turn_2 = random_tokens(generator, 37), random_tokens(generator, 11)
     path = tmp_path / "turn1.state"
     first = Session(ProgramRunner(programs.program(name)))
@@ -125,9 +116,8 @@ def test_saved_state_continues_exactly(programs, name, seed, tmp_path):
     assert LOGITS in state.tensors
 
 
-def test_prompt_cache_reuses_exactly_the_shared_prefix(programs, seed, tmp_path):
+def test_prompt_cache_reuses_exactly_the_shared_prefix(programs, generator, tmp_path):
     name = "dense-xnnpack-fp32"
-    generator = torch.Generator().manual_seed(seed)
     prefix, question_1, question_2 = random_tokens(generator, 45), random_tokens(generator, 7), random_tokens(generator, 5)
     cache = tmp_path / "prompt.cache"
     session = Session(ProgramRunner(programs.program(name)))
@@ -215,8 +205,7 @@ def refusal(arguments, capsys) -> str:
     return lines[0]
 
 
-def test_foreign_truncated_and_out_of_context_states_are_refused(programs, seed, tmp_path, capsys):
-    generator = torch.Generator().manual_seed(seed)
+def test_foreign_truncated_and_out_of_context_states_are_refused(programs, generator, tmp_path, capsys):
     dense, moe = "dense-xnnpack-fp32", "moe-portable-fp32"
     run_dense = ["--model", str(programs.program(dense)), "--tokenizer", str(programs.tokenizer_path(dense)),
                  "--prompt", "hello", "--max-new-tokens", "2"]
