@@ -129,7 +129,14 @@ def qwen_tokenizer(qwen_tokenizer_path):
 
 
 def run_binary(command, **kwargs):
-    return subprocess.run([str(part) for part in command], capture_output=True, text=True, timeout=120, **kwargs)
+    # Bytes, decoded here: text mode would turn a generated "\r" into "\n"
+    # (universal newlines) and the comparison with the tokenizer would fail.
+    if "input" in kwargs and isinstance(kwargs["input"], str):
+        kwargs["input"] = kwargs["input"].encode()
+    result = subprocess.run([str(part) for part in command], capture_output=True, timeout=120, **kwargs)
+    result.stdout = result.stdout.decode("utf-8", errors="replace")
+    result.stderr = result.stderr.decode("utf-8", errors="replace")
+    return result
 
 
 def random_strings(seed: int, count: int = 60) -> list:
