@@ -15,7 +15,7 @@ $(INSTALLED): pyproject.toml
 	touch $(INSTALLED)
 
 demo: install
-	$(PY) -m gdn_export.demo
+	$(PY) examples/demo.py
 
 test: install
 	$(PY) -m pytest -q tests
@@ -23,6 +23,11 @@ test: install
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# The Linux checks of metal_backend (emulated kernels, shims, planning, graph); prints "N passed, M failed".
+# The Linux checks of metal_backend (emulated kernels, shims, planning, graph); prints "N passed, M failed",
+# then the stricter compilers by name (metal_backend/strict_check.py). Those need clang
+# (apt-get install -y clang) and ExecuTorch's Metal runtime headers: EXECUTORCH_SOURCE_DIR=<a checkout>,
+# or EXECUTORCH_GIT_DIR=<a git directory holding strict_check.EXECUTORCH_COMMIT> (the default: this
+# workplace's mirror, when present). `make test` needs neither.
+EXECUTORCH_GIT_DIR ?= $(wildcard /work/.mirror/pytorch+executorch/repo)
 metal-check: install
-	$(PY) -m metal_backend.check
+	EXECUTORCH_GIT_DIR="$(EXECUTORCH_GIT_DIR)" $(PY) -m metal_backend.check

@@ -308,6 +308,33 @@ def fused_gated_delta_rule(mixed_qkv, a, b, A_log, dt_bias, state, *, scale=None
     return output
 
 
+def launch_kernel(kernel, query, key, value, g, beta, initial_state, final_state, output, *, scale=None,
+                  use_qk_l2norm=False, A_log=None, dt_bias=None, launch_shape=None) -> None:
+    """Launch one of the op's kernels, ``"recurrent"`` (per token) or ``"chunked"``, whatever T.
+
+    For benchmarks and launch-shape checks: ``gated_delta_rule`` and
+    ``fused_gated_delta_rule`` pick the kernel and its launch shape themselves.
+    Writes ``output`` and ``final_state``, which may be ``initial_state`` (in
+    place). With ``A_log``/``dt_bias`` given, ``g``/``beta`` are Qwen3.5's raw
+    a/b, gated inside the kernel as the fused op does. ``launch_shape``
+    overrides entries of the launcher's own choice: ``value_block`` and
+    ``num_warps`` of the per-token kernel; the entries of ``_chunked_launch``
+    and ``scratch`` ("fp32" or "bf16") of the chunked ones
+    (``LAUNCH_SHAPE_SWEEPS`` lists those worth timing). Only the head dims and
+    the device are checked.
+    """
+    if kernel not in ("recurrent", "chunked"):
+        raise ValueError(f"cuda_backend.launch_kernel: kernel must be 'recurrent' or 'chunked', got {kernel!r}")
+    check_supported(query.shape[3], value.shape[3], query.device, "cuda_backend.launch_kernel")
+    arguments = (query, key, value, g, beta, initial_state, final_state, output)
+    options = dict(scale=scale if scale is not None else 1.0 / math.sqrt(query.shape[3]),
+                   use_qk_l2norm=use_qk_l2norm, a_log=A_log, dt_bias=dt_bias)
+    if kernel == "recurrent":
+        run_recurrent(*arguments, **options, **(launch_shape or {}))
+    else:
+        run_chunked(*arguments, **options, tuning=launch_shape)
+
+
 def _register_cuda_implementations() -> None:
     library = torch.library.Library(NAMESPACE, "IMPL")
 

@@ -22,6 +22,37 @@ METADATA_METHODS = (
 )
 
 
+def executorch_runtime():
+    """ExecuTorch's ``Runtime``, without loading its compiler.
+
+    The runtime's Python binding imports ``executorch.exir._warnings`` for one
+    decorator, and importing that submodule runs ``executorch.exir``'s package
+    initialisation: the whole compiler, about 5 s of gdn-run's 7 s of imports
+    (measured with ``python -X importtime``). A stand-in package module lets
+    the submodule load alone; it is removed again at once, so a later
+    ``import executorch.exir`` initialises the real package as usual.
+    """
+    import importlib.util
+    import sys
+    import types
+
+    if "executorch.exir" not in sys.modules and "executorch.runtime" not in sys.modules:
+        spec = importlib.util.find_spec("executorch.exir")
+        stand_in = types.ModuleType("executorch.exir")
+        stand_in.__spec__, stand_in.__path__ = spec, list(spec.submodule_search_locations)
+        sys.modules["executorch.exir"] = stand_in
+        try:
+            import executorch.runtime  # noqa: F401
+        finally:
+            if sys.modules.get("executorch.exir") is stand_in:
+                del sys.modules["executorch.exir"]
+            if getattr(sys.modules["executorch"], "exir", None) is stand_in:
+                delattr(sys.modules["executorch"], "exir")
+    from executorch.runtime import Runtime
+
+    return Runtime
+
+
 class RunnerError(ValueError):
     """A missing or unusable program or tokenizer file; the message names it."""
 
@@ -30,8 +61,7 @@ class ProgramRunner:
     """The ``forward(tokens, input_pos)`` method of a program, and where in the context it stands."""
 
     def __init__(self, model_path, data_path=None):
-        from executorch.runtime import Runtime
-
+        Runtime = executorch_runtime()
         model_path = Path(model_path)
         if not model_path.is_file():
             raise RunnerError(f"--model {model_path}: no such file")
@@ -145,6 +175,41 @@ def load_tokenizer(path):
         return Tokenizer.from_file(str(path))
     except Exception as error:  # the tokenizers library raises its own Exception type
         raise RunnerError(f"--tokenizer {path}: not a tokenizer.json ({error})") from None
+
+
+def check_tokenizer(tokenizer, program: ProgramRunner, tokenizer_path) -> None:
+    """Refuse a tokenizer that is not the program's: ids the program cannot embed, or BOS/EOS ids that are
+    not special tokens of it.
+
+    A checkpoint's tokenizer may hold fewer ids than the embedding (Qwen3.5 pads
+    its vocabulary), never more; and the ids the program stops at are the
+    tokenizer's special tokens (``<|im_end|>``, ``<|endoftext|>``), never text.
+    """
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    program_vocab = program.metadata.get("get_vocab_size")
+    if program_vocab and vocab_size > int(program_vocab[0]):
+        raise RunnerError(
+            f"--tokenizer {tokenizer_path}: {vocab_size} tokens, but the program embeds only "
+            f"{int(program_vocab[0])}: not this program's tokenizer"
+        )
+    special_tokens = {index for index, token in tokenizer.get_added_tokens_decoder().items() if token.special}
+    special = [("EOS", token) for token in sorted(program.eos_ids)]
+    special += [("BOS", int(token)) for token in program.metadata.get("get_bos_id", [])]
+    for name, token in special:
+        if token not in special_tokens:
+            raise RunnerError(
+                f"--tokenizer {tokenizer_path}: the program's {name} id {token} is "
+                f"{tokenizer.id_to_token(token)!r} there, not a special token: not this program's tokenizer"
+            )
+
+
+def check_prompt_fits(program: ProgramRunner, prompt_length: int) -> None:
+    """A prompt the program's context cannot hold, with the export flag that would."""
+    if prompt_length >= program.max_context:
+        raise RunnerError(
+            f"--prompt is {prompt_length} tokens; the program's context holds {program.max_context} "
+            f"(its --max-seq-len) with room for the next token: export with --max-seq-len {prompt_length + 1} or more"
+        )
 
 
 class TextStream:

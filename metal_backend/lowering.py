@@ -15,6 +15,7 @@ tools; elsewhere ``lower_to_metal`` raises a clear error before doing anything.
 from __future__ import annotations
 
 import contextlib
+import math
 import platform
 from typing import Optional
 
@@ -109,12 +110,50 @@ def check_head_dims(program: torch.export.ExportedProgram) -> None:
             )
 
 
+def _state_layout(node: torch.fx.Node) -> tuple[list, list]:
+    """(sizes, strides) of the view a gdn op call updates in place, however the call is spelled."""
+    state = _state_argument(node)
+    value = state.meta.get("val") if isinstance(state, torch.fx.Node) else None
+    if value is None:
+        raise RuntimeError(f"--backend metal: cannot tell the layout of {node.name}'s state (no value on it)")
+    sizes, strides = list(value.shape), list(value.stride())
+    if "_state_size" in node.kwargs:  # auto_functionalized_v2: the view as an as_strided of its base
+        sizes, strides = list(node.kwargs["_state_size"]), list(node.kwargs["_state_stride"])
+    elif "_state_slice_dim" in node.kwargs:  # ... or as a slice of it
+        dim = node.kwargs["_state_slice_dim"]
+        start, end = node.kwargs["_state_slice_start"] or 0, node.kwargs["_state_slice_end"]
+        sizes[dim] = max(0, min(sizes[dim], end if end is not None else sizes[dim]) - start)
+    return sizes, strides
+
+
+def check_in_place_states(program: torch.export.ExportedProgram) -> None:
+    """Refuse, before lowering, a gdn op whose in-place state is a non-packed view.
+
+    ExecuTorch's Metal runtime gives such a view a temporary packed copy
+    (aoti_torch__reinterpret_tensor), so the kernel would update the copy and
+    the model's state would silently stay behind; the copy arrives packed, so
+    the C shims cannot tell. Packed views (permutations, whole-buffer slices) are fine.
+    """
+    for node in metal_op_nodes(program):
+        sizes, strides = _state_layout(node)
+        elements = math.prod(sizes)
+        extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(sizes, strides) if size > 1)
+        if elements > 1 and extent != elements:
+            raise ValueError(
+                f"--backend metal: {node.name} updates its state in place, but the state is a non-packed view "
+                f"(sizes {sizes}, strides {strides}); ExecuTorch's Metal runtime would run the kernel on a "
+                "temporary copy and the update would be lost. Keep each layer's state a whole buffer "
+                "(or a packed view of one)"
+            )
+
+
 def lower_to_metal(program, *, metadata: Optional[dict] = None):
     """Lower ``program`` (one ExportedProgram, or ``{method name: ExportedProgram}``) for Apple GPUs.
 
     Returns the ExecutorchProgramManager; the caller writes its ``.pte`` and
     ``.ptd`` (``gdn_export.export.write_program``). Raises RuntimeError off macOS
-    and ValueError for head dims the Metal kernels do not cover.
+    and ValueError for head dims the Metal kernels do not cover or a state
+    updated in place that is a non-packed view.
     """
     reason = unavailable_reason()
     if reason is not None:
@@ -122,6 +161,7 @@ def lower_to_metal(program, *, metadata: Optional[dict] = None):
     programs = program if isinstance(program, dict) else {"forward": program}
     for exported in programs.values():
         check_head_dims(exported)
+        check_in_place_states(exported)
     from executorch.backends.apple.metal.metal_partitioner import MetalPartitioner
 
     from gdn_export.lowering import lower_programs

@@ -40,8 +40,12 @@ METAL_TYPE_NAMES = {torch.float32: "float", torch.bfloat16: "bfloat", torch.floa
 
 @lru_cache(maxsize=1)
 def kernel_source() -> str:
-    """gated_delta_rule.metal with its params header inlined (compile_shader resolves no includes)."""
-    params = (KERNELS_DIR / "gated_delta_rule_params.h").read_text()
+    """gated_delta_rule.metal with its params header inlined (compile_shader resolves no includes).
+
+    The header's ``#pragma once`` goes: in a main source file it draws a
+    warning, which a loader that treats any compiler message as failure rejects.
+    """
+    params = (KERNELS_DIR / "gated_delta_rule_params.h").read_text().replace("#pragma once\n", "")
     return (KERNELS_DIR / "gated_delta_rule.metal").read_text().replace(
         '#include "gated_delta_rule_params.h"', params
     )

@@ -7,7 +7,8 @@
 #   conformance: the conformance table's op-cuda rows (107 cases; each compiles its own kernel
 #          variants on a fresh machine, so it takes a call of its own, on 6 pytest-xdist workers:
 #          one at a time does not fit in 10 minutes, and 12 workers ran the GPU out of memory)
-#   variants: every chunked-kernel launch variant of gdn-bench's --chunked-sweep against the fp64 reference
+#   variants: every chunked launch shape of cuda_backend.LAUNCH_SHAPE_SWEEPS (what gdn-bench cuda
+#          --chunked-sweep times) against the fp64 reference
 #   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
 #   lower: export_qwen35 --backend cuda on a tiny checkpoint: the .pte + .ptd through ExecuTorch's
@@ -49,7 +50,7 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64)" "$OUT/tiny" > "$OUT/lower
       grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/lower.log" | tail -12
       ls -l "$OUT"/*.pte "$OUT"/*.ptd 2>/dev/null ;;
     bench)
-      python3 -m gdn_export.bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
+      python3 -m gdn_bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
           --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;
   esac
 done
