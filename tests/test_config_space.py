@@ -33,7 +33,7 @@ from gdn_export.runner import ProgramRunner
 from gdn_export.tiny import MODEL_VOCAB_SIZE, make_tiny_checkpoint
 from tests.test_export import hugging_face_model, hugging_face_step_logits, pte_step_logits
 
-CI_EXAMPLES = 4
+CI_EXAMPLES = 3
 EXAMPLES = int(os.environ.get("GDN_CONFIG_SPACE_EXAMPLES", CI_EXAMPLES))
 SEED = int(os.environ.get("GDN_TEST_SEED") or secrets.randbelow(2**32))
 RELATIVE_TOLERANCE = 1e-4
@@ -151,6 +151,17 @@ def check_case(case: dict) -> None:
 )
 @seed(SEED)
 @given(case=cases())
+# One KV head: Python indexing (`cache[:, :, positions] = key`) dropped the value's size-1 head
+# dim, and ExecuTorch's in-place index_put kernel failed the call (error 0x12) on the lower rank.
+@example(case=dict(
+    config=dict(
+        layer_types=(FULL_ATTENTION,), tie_word_embeddings=False, hidden_size=16, num_key_value_heads=1,
+        num_attention_heads=2, head_dim=8, partial_rotary_factor=0.5, attention_bias=False,
+        linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, intermediate_size=16,
+    ),
+    weights_seed=1, tokens_seed=2, prompt_length=5, poison_length=2,
+))
 def test_exported_program_matches_transformers(run_seed, case):
     note(f"GDN_TEST_SEED={run_seed}")  # with the drawn case in every failure, errors of the run included
     check_case(case)

@@ -359,9 +359,12 @@ class GatedAttention(nn.Module):
         value = self.v_proj(x).view(length, self.num_kv_heads, self.head_dim).transpose(0, 1)
         query = apply_rotary(query, cos, sin)
         key = apply_rotary(key, cos, sin)
-        # index_put_ (not index_copy_): ExecuTorch's reinplace pass updates it in place.
-        self.k_cache[:, :, positions] = key.transpose(1, 2).to(self.k_cache.dtype)
-        self.v_cache[:, positions] = value.to(self.v_cache.dtype)
+        # index_put_ (not index_copy_): ExecuTorch's reinplace pass updates it in place. Called
+        # as the op, not as `cache[:, :, positions] = x`: Python indexing strips the value's
+        # leading size-1 dims (one KV head), and ExecuTorch's in-place index_put kernel takes
+        # only values of the cache's rank (it fails the call otherwise).
+        torch.ops.aten.index_put_(self.k_cache, [None, None, positions], key.transpose(1, 2).to(self.k_cache.dtype))
+        torch.ops.aten.index_put_(self.v_cache, [None, positions], value.to(self.v_cache.dtype))
         attended = self.attend(query, self.k_cache, self.v_cache, positions, mask)  # [H, T, D]
         attended = attended.transpose(0, 1).reshape(1, length, -1)  # [1, T, H*D]
         return self.o_proj(attended * torch.sigmoid(gate.reshape(1, length, -1)))
