@@ -120,3 +120,21 @@ def test_a_config_the_model_cannot_run_is_refused_naming_the_field(run_seed, dra
     assert list(output.iterdir()) == []
     if transformers_should_run is not None:
         assert transformers_runs(config) == transformers_should_run, (run_seed, change)
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("field", ["head_dim", "linear_conv_kernel_dim", "rms_norm_eps", "attention_bias",
+                                   "tie_word_embeddings", "partial_rotary_factor", "rope_theta"])
+def test_an_absent_field_takes_transformers_default(checkpoints, kind, field):
+    import transformers
+
+    from gdn_export.models.qwen35 import Qwen35Config
+
+    config = json.loads((checkpoints[kind] / "config.json").read_text())
+    config.pop(field, None)
+    if field in ("partial_rotary_factor", "rope_theta"):
+        config["rope_parameters"] = {k: v for k, v in config["rope_parameters"].items() if k != field}
+    config_class = {"dense": transformers.Qwen3_5TextConfig, "moe": transformers.Qwen3_5MoeTextConfig}[kind]
+    theirs = config_class(**{k: v for k, v in config.items() if k != "architectures"})
+    expected = theirs.rope_parameters[field] if field in ("partial_rotary_factor", "rope_theta") else getattr(theirs, field)
+    assert getattr(Qwen35Config.from_hf(config), field) == expected
