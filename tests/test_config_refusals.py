@@ -36,10 +36,11 @@ EXAMPLES = 40
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    """{"dense": folder, "moe": folder}: tiny checkpoints whose config.json the test rewrites (in copies)."""
+def checkpoints(tmp_path_factory, module_seed):
+    """{"dense": folder, "moe": folder}: text-only tiny checkpoints whose config.json the tests rewrite
+    (in copies); conftest's MoE checkpoint nests its config under the wrapper's text_config."""
     root = tmp_path_factory.mktemp("refusals")
-    return {kind: make_tiny_checkpoint(root / kind, moe=kind == "moe", seed=3) for kind in ("dense", "moe")}
+    return {kind: make_tiny_checkpoint(root / kind, moe=kind == "moe", seed=module_seed) for kind in ("dense", "moe")}
 
 
 @st.composite

@@ -13,9 +13,10 @@ Size: CI_EXAMPLES (3) drawn configs a run plus the explicit ``@example`` cases
 2026-11-24 on this project's 2-core machine, shared with other jobs (load 5 to
 10): 390 s wall, 145 s of CPU (user + sys) for the whole test, 10 to 70 s of
 it an export's to_edge/partition step; on 2 idle cores that is about 2.5 min.
-Configs (and their weights and tokens) are drawn from ``GDN_TEST_SEED`` (fresh
-when unset; shown in the test's id and in every failure), so one command
-replays a failure. No shrinking: each step would be another export.
+Configs (and their weights and tokens) are drawn from the run's seed,
+``GDN_TEST_SEED`` (tests/conftest.py: fresh when unset, printed in the session
+header; also in the test's id and every failure), so its replay line reruns a
+failure. No shrinking: each step would be another export.
 ``GDN_CONFIG_SPACE_EXAMPLES=100`` runs more configs locally; a config that
 fails goes into an ``@example`` below. Configs export_qwen35 refuses are
 tests/test_config_refusals.py's.
