@@ -12,7 +12,7 @@ Size: CI_EXAMPLES (3) drawn configs a run plus the explicit ``@example`` cases
 (every config that ever failed; 1 now), so 4 exports of 1 to 3 layers. Measured
 2026-11-24 on this project's 2-core machine, shared with other jobs (load 5 to
 10): 390 s wall, 145 s of CPU (user + sys) for the whole test, 10 to 70 s of
-it an export's to_edge/partition step; on 2 idle cores that is about 2.5 min.
+it an export's to_edge/partition step; 124 s wall (110 s CPU) at a lighter load.
 Configs (and their weights and tokens) are drawn from the run's seed,
 ``GDN_TEST_SEED`` (tests/conftest.py: fresh when unset, printed in the session
 header; also in the test's id and every failure), so its replay line reruns a
