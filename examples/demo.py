@@ -10,11 +10,13 @@ end to end on a built-in tiny Qwen3.5.
    ``TextLLMRunner`` and with our C++ example runner.
 
 Random weights make gibberish text; what matters is that every runner writes
-the same gibberish as transformers.
+the same gibberish as transformers. The last line sums it up: which runs wrote
+transformers' tokens, and gdn-run's decode speed (status 1 if any differed).
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,7 +58,26 @@ def eager_greedy(checkpoint: Path, prompt_ids: list) -> list:
     return tokens
 
 
-def run_stock_runner(model: Path, tokenizer: Path) -> None:
+def shown(command: list) -> subprocess.CompletedProcess:
+    """Run ``command``, show what it printed (its stdout, then its stderr) and return it."""
+    finished = subprocess.run(command, check=True, capture_output=True, text=True)
+    print(finished.stdout, end="" if finished.stdout.endswith("\n") else "\n")
+    print(finished.stderr, end="", file=sys.stderr, flush=True)
+    return finished
+
+
+def run_gdn_run(model: Path, tokenizer: Path) -> tuple[str, float]:
+    """(gdn-run's text, its decode tok/s); a child process, as a user runs it."""
+    finished = shown(
+        [sys.executable, "-c", "import sys; from gdn_export.cli import run_main; sys.exit(run_main())",
+         "--model", str(model), "--tokenizer", str(tokenizer), "--prompt", PROMPT,
+         "--max-new-tokens", str(NEW_TOKENS)]
+    )
+    decode = re.search(r"decode: \d+ tokens, ([\d.]+) tok/s", finished.stderr)
+    return finished.stdout, float(decode.group(1)) if decode else float("nan")
+
+
+def run_stock_runner(model: Path, tokenizer: Path) -> str:
     """ExecuTorch's TextLLMRunner prints the text itself; a child process keeps its output apart."""
     script = (
         "import gdn_export\n"
@@ -64,10 +85,11 @@ def run_stock_runner(model: Path, tokenizer: Path) -> None:
         f"runner = TextLLMRunner({str(model)!r}, {str(tokenizer)!r})\n"
         f"runner.generate({PROMPT!r}, GenerationConfig(max_new_tokens={NEW_TOKENS}, temperature=0.0, echo=False))\n"
     )
-    subprocess.run([sys.executable, "-c", script], check=True)
+    return shown([sys.executable, "-c", script]).stdout
 
 
-def run_cpp_runner(model: Path, tokenizer: Path) -> None:
+def run_cpp_runner(model: Path, tokenizer: Path) -> str | None:
+    """The C++ runner's text, or None where it cannot be built."""
     # Run as a script, so this folder is on sys.path and its sibling imports by name.
     from cpp_runner import build as cpp_runner
 
@@ -75,12 +97,29 @@ def run_cpp_runner(model: Path, tokenizer: Path) -> None:
         binary = cpp_runner.build()
     except cpp_runner.BuildError as error:
         print(f"(the C++ runner could not be built here: {error})")
-        return
-    subprocess.run(
+        return None
+    return shown(
         [str(binary), "--model", str(model), "--tokenizer", str(tokenizer), "--prompt", PROMPT,
-         "--max-new-tokens", str(NEW_TOKENS), "--temperature", "0"],
-        check=True,
-    )
+         "--max-new-tokens", str(NEW_TOKENS), "--temperature", "0"]
+    ).stdout
+
+
+def wrote(expected_text: str, text: str) -> bool:
+    """Whether a run's output holds ``expected_text``. A random model writes partial UTF-8
+    characters: TextLLMRunner drops their bytes where the others print U+FFFD."""
+    return expected_text.replace("\ufffd", "") in text.replace("\ufffd", "")
+
+
+def summary_line(expected_text: str, texts: dict, decode_tokens_per_second: float) -> str:
+    """One line: which runners wrote transformers' text, and gdn-run's decode speed."""
+    matched = [name for name, text in texts.items() if text is not None and wrote(expected_text, text)]
+    differed = [name for name, text in texts.items() if text is not None and not wrote(expected_text, text)]
+    skipped = [name for name, text in texts.items() if text is None]
+    line = f"demo: {len(matched)} of {len(texts)} runs wrote transformers' {NEW_TOKENS} greedy tokens"
+    line += f" ({', '.join(matched)})" if matched else ""
+    line += f"; DIFFERENT: {', '.join(differed)}" if differed else ""
+    line += f"; not run: {', '.join(skipped)}" if skipped else ""
+    return line + f"; gdn-run decodes {decode_tokens_per_second:.0f} tok/s on this CPU"
 
 
 def main() -> int:
@@ -109,16 +148,19 @@ def main() -> int:
     print(summary.describe())
 
     banner("4. gdn-run (ExecuTorch Python runtime, our kernels)")
-    run_main(["--model", str(model_path), "--tokenizer", str(tokenizer_path), "--prompt", PROMPT,
-              "--max-new-tokens", str(NEW_TOKENS)])
+    gdn_run_text, tokens_per_second = run_gdn_run(model_path, tokenizer_path)
 
     banner("5. ExecuTorch's stock TextLLMRunner on the same .pte")
-    run_stock_runner(model_path, tokenizer_path)
+    stock_text = run_stock_runner(model_path, tokenizer_path)
 
     banner("6. our C++ example runner (examples/cpp_runner)")
-    run_cpp_runner(model_path, tokenizer_path)
-    print(f"\nexpected text (transformers): {tokenizer.decode(expected)!r}")
-    return 0 if ours == expected else 1
+    cpp_text = run_cpp_runner(model_path, tokenizer_path)
+    expected_text = tokenizer.decode(expected)
+    print(f"\nexpected text (transformers): {expected_text!r}")
+    texts = {"gdn_export eager": tokenizer.decode(ours), "gdn-run": gdn_run_text,
+             "TextLLMRunner": stock_text, "C++ runner": cpp_text}
+    print(summary_line(expected_text, texts, tokens_per_second))
+    return 0 if all(text is None or wrote(expected_text, text) for text in texts.values()) else 1
 
 
 if __name__ == "__main__":

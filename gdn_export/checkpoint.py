@@ -70,6 +70,46 @@ class Checkpoint:
         return metadata
 
 
+# Sizes every layer needs at least one of. transformers builds a model with a zero in most of
+# them, then fails its first call or divides by zero; with a zero MLP width (dense, shared
+# expert) it runs, but the exported program's zero-sized matrices compute wrong logits.
+_POSITIVE_FIELDS = (
+    "vocab_size", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
+_POSITIVE_DENSE_FIELDS = ("intermediate_size",)
+# (num_experts: Qwen35Config.from_hf, since a MoE model of no experts would read as dense)
+_POSITIVE_MOE_FIELDS = ("num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+
+
+def check_supported(config: Qwen35Config) -> None:
+    """Raises ValueError naming the field of a text config that cannot be exported faithfully.
+
+    What transformers' config class accepts but no model computes (or no
+    exported program computes right): sizes below one, head counts that do not
+    group, more experts a token than there are, a rotary share outside 0..1.
+    """
+    fields = _POSITIVE_FIELDS + (_POSITIVE_MOE_FIELDS if config.is_moe else _POSITIVE_DENSE_FIELDS)
+    for name in fields:
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    # Each KV head serves a whole group of query heads, each linear-attention key head a group of value heads.
+    for heads, groups in (("num_attention_heads", "num_key_value_heads"),
+                          ("linear_num_value_heads", "linear_num_key_heads")):
+        if getattr(config, heads) % getattr(config, groups):
+            raise ValueError(
+                f"{heads} ({getattr(config, heads)}) must be a multiple of {groups} ({getattr(config, groups)})"
+            )
+    if config.is_moe and config.num_experts_per_tok > config.num_experts:
+        raise ValueError(
+            f"num_experts_per_tok ({config.num_experts_per_tok}) must be at most num_experts ({config.num_experts})"
+        )
+    if not 0.0 <= config.partial_rotary_factor <= 1.0:
+        raise ValueError(f"partial_rotary_factor must be from 0 to 1, got {config.partial_rotary_factor}")
+
+
 def _read_json_object(path: Path) -> dict:
     try:
         value = json.loads(path.read_text())
@@ -136,6 +176,7 @@ def read_checkpoint(path) -> Checkpoint:
         )
     try:
         config = Qwen35Config.from_hf(raw)
+        check_supported(config)
     except KeyError as error:
         raise CheckpointError(f"{config_file}: missing field {error.args[0]!r}") from None
     except (TypeError, ValueError) as error:

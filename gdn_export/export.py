@@ -30,7 +30,7 @@ import torch
 
 from gdn_export.backends import Backend, backend_names, default_backend, get_backend
 from gdn_export.checkpoint import Checkpoint, read_checkpoint
-from gdn_export.lowering import write_program
+from gdn_export.lowering import reporting_stages, write_program
 from gdn_export.quantize import MODES as QUANTIZATIONS
 from gdn_export.quantize import quantize_linears
 from gdn_export.state_methods import STATE_METHODS, state_metadata
@@ -184,7 +184,9 @@ def export_qwen35(
     """Export the Qwen3.5 checkpoint folder ``checkpoint`` to the program ``output`` (.pte).
 
     ``backend`` is a registered backend's name (``gdn_export.backends``; None:
-    the default, XNNPACK). ``progress`` receives one line per long step.
+    the default, XNNPACK). ``progress`` receives one line as each long stage
+    begins (loading, quantization, ``torch.export``, to_edge and partition,
+    to_executorch, writing), headed by the seconds since the call began.
     Raises ``ExportError`` or ``CheckpointError`` for bad arguments, files or
     machine before anything is written; ``output`` appears only once complete.
     """
@@ -215,9 +217,10 @@ def export_qwen35(
         options = dict(backend=request.backend.name, dtype=str(request.dtype), max_seq_len=request.max_seq_len,
                        quantize=request.quantize, prefill_chunk=request.prefill_chunk)
         metadata.update(state_metadata(request.checkpoint, model, options))
-    step(f"lowering {', '.join(programs)} for {request.backend.name}")
-    manager = request.backend.lower(programs, metadata)
-    step(f"serializing to {request.output}")
+    step(f"lowering for {request.backend.name}")
+    with reporting_stages(lambda stage: step(f"lowering: {stage}")):
+        manager = request.backend.lower(programs, metadata)
+    step(f"writing {request.output}")
     data_files = write_program(manager, request.output)
     delegated, total = count_delegated_nodes(manager)
     return ExportSummary(

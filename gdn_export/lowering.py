@@ -7,11 +7,29 @@ dim-order ops are kept, and extra ``ExecutorchBackendConfig`` fields.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
+
+# Where lower_programs announces its stages: set by the export around ``Backend.lower``, so
+# a backend's lowering shows progress without a parameter in every backend's signature.
+_stage_reporter: contextvars.ContextVar[Callable[[str], None]] = contextvars.ContextVar(
+    "gdn_export_lowering_stages", default=lambda message: None
+)
+
+
+@contextlib.contextmanager
+def reporting_stages(report: Callable[[str], None]) -> Iterator[None]:
+    """While open, ``lower_programs`` calls ``report`` with one line as each of its stages begins."""
+    token = _stage_reporter.set(report)
+    try:
+        yield
+    finally:
+        _stage_reporter.reset(token)
 
 
 def lower_programs(
@@ -35,6 +53,8 @@ def lower_programs(
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
+    report = _stage_reporter.get()
+    report(f"to_edge and partition ({', '.join(programs)})")
     edge = to_edge_transform_and_lower(
         programs,
         partitioner={name: partitioners(name) for name in programs} if partitioners else None,
@@ -50,6 +70,7 @@ def lower_programs(
         emit_mutable_buffer_names=share_mutable_buffers,
     )
     config.update(backend_config)
+    report("to_executorch (memory planning, serialization passes)")
     return edge.to_executorch(ExecutorchBackendConfig(**config))
 
 

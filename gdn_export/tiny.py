@@ -103,8 +103,15 @@ def tiny_config(
     hidden_size: int = 64,
     bos_token_id: int = 0,
     eos_token_id: int = 2,
+    **fields,
 ):
-    """The transformers config of a tiny Qwen3.5 (a ``Qwen3_5*Config`` wrapper when ``wrapper``)."""
+    """The transformers config of a tiny Qwen3.5 (a ``Qwen3_5*Config`` wrapper when ``wrapper``).
+
+    ``fields`` are other text-config fields under transformers' names
+    (``num_attention_heads``, ``head_dim``, ``num_experts``, ``intermediate_size``,
+    ...), replacing the tiny defaults; ``partial_rotary_factor`` goes into
+    ``rope_parameters``.
+    """
     from transformers import Qwen3_5Config, Qwen3_5MoeConfig, Qwen3_5MoeTextConfig, Qwen3_5TextConfig
 
     text = dict(
@@ -138,6 +145,9 @@ def tiny_config(
         )
     else:
         text.update(intermediate_size=96)
+    if "partial_rotary_factor" in fields:
+        text["rope_parameters"]["partial_rotary_factor"] = fields.pop("partial_rotary_factor")
+    text.update(fields)
     text_class = Qwen3_5MoeTextConfig if moe else Qwen3_5TextConfig
     if not wrapper:
         return text_class(**text)
@@ -184,35 +194,22 @@ def tiny_hf_model(config, seed: int = 0):
     return model
 
 
-def make_tiny_checkpoint(
-    directory,
-    *,
-    moe: bool = False,
-    tie_word_embeddings: bool = False,
-    wrapper: bool = False,
-    num_k_heads: int = 2,
-    num_v_heads: int = 4,
-    key_head_dim: int = 16,
-    value_head_dim: int = 24,
-    layer_types: tuple[str, ...] = ("linear_attention", "linear_attention", "full_attention"),
-    seed: int = 0,
-) -> Path:
+def make_tiny_checkpoint(directory, *, seed: int = 0, **options) -> Path:
     """Write a tiny random-weight Qwen3.5 checkpoint folder and return its path.
 
-    Deterministic for a given ``seed``. ``wrapper`` writes the vision-language
-    layout real Qwen3.5 checkpoints use (``text_config``, weights under
+    Deterministic for a given ``seed``. ``options`` are ``tiny_config``'s
+    (``moe``, ``wrapper``, head counts and dims, ``layer_types``, any other
+    text-config field); ``wrapper`` writes the vision-language layout real
+    Qwen3.5 checkpoints use (``text_config``, weights under
     ``model.language_model.``, a small vision tower under ``model.visual.``).
+    The token ids are the tokenizer's.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer()
     bos_token_id = tokenizer.token_to_id("<|endoftext|>")
     eos_token_id = tokenizer.token_to_id("<|im_end|>")
-    config = tiny_config(
-        moe=moe, tie_word_embeddings=tie_word_embeddings, wrapper=wrapper, num_k_heads=num_k_heads,
-        num_v_heads=num_v_heads, key_head_dim=key_head_dim, value_head_dim=value_head_dim,
-        layer_types=layer_types, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
-    )
+    config = tiny_config(bos_token_id=bos_token_id, eos_token_id=eos_token_id, **options)
     model = tiny_hf_model(config, seed)
     model.generation_config.bos_token_id = bos_token_id
     model.generation_config.eos_token_id = [eos_token_id, bos_token_id]

@@ -48,6 +48,19 @@ def test_export_stderr_holds_only_our_lines(exported):
     assert lines and all(OUR_STDERR_LINE.match(line) for line in lines), lines
 
 
+def test_export_shows_each_stage_with_elapsed_time(exported):
+    _, _, stderr = exported
+    stages = [re.match(r"^\[ *(\d+\.\d) s\] (.*)$", line) for line in stderr.splitlines()]
+    assert all(stages), stderr
+    elapsed = [float(stage.group(1)) for stage in stages]
+    assert elapsed == sorted(elapsed), stderr
+    # Each stage once, in the order they run (no quantization in this export; the CPU backends
+    # export the state methods, whose fingerprint is a stage of its own).
+    expected = ["loading ", "exporting ", "fingerprinting ", "lowering for portable",
+                "lowering: to_edge and partition", "lowering: to_executorch", "writing "]
+    assert [next((e for e in expected if stage.group(2).startswith(e)), None) for stage in stages] == expected, stderr
+
+
 def test_run_stderr_holds_only_our_lines(exported):
     checkpoint, program, _ = exported
     child = start(RUN, "--model", str(program), "--tokenizer", str(checkpoint / "tokenizer.json"),

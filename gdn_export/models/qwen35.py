@@ -50,6 +50,7 @@ FULL_ATTENTION = "full_attention"
 # model's config under "text_config".
 TEXT_MODEL_TYPES = {"qwen3_5_text": False, "qwen3_5_moe_text": True}
 WRAPPER_MODEL_TYPES = {"qwen3_5": False, "qwen3_5_moe": True}
+TRANSFORMERS_DEFAULT_HEAD_DIM = 256  # Qwen3_5TextConfig's and Qwen3_5MoeTextConfig's
 
 
 @dataclass(frozen=True)
@@ -133,17 +134,20 @@ class Qwen35Config:
                 f"layer_types must list {num_layers} of {LINEAR_ATTENTION!r}/{FULL_ATTENTION!r}, got {layer_types}"
             )
         is_moe = TEXT_MODEL_TYPES[model_type]
+        # A MoE model of no experts would pass for a dense one (is_moe counts experts).
+        if is_moe and (isinstance(config["num_experts"], bool) or not isinstance(config["num_experts"], int)
+                       or config["num_experts"] < 1):
+            raise ValueError(f"num_experts must be a positive integer, got {config['num_experts']!r}")
         eos = config.get("eos_token_id")
         eos_token_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
-        hidden_size = config["hidden_size"]
-        num_attention_heads = config["num_attention_heads"]
         return cls(
             vocab_size=config["vocab_size"],
-            hidden_size=hidden_size,
+            hidden_size=config["hidden_size"],
             layer_types=tuple(layer_types),
-            num_attention_heads=num_attention_heads,
+            num_attention_heads=config["num_attention_heads"],
             num_key_value_heads=config["num_key_value_heads"],
-            head_dim=config.get("head_dim") or hidden_size // num_attention_heads,
+            # transformers' config class fills an absent head_dim with its default, not hidden_size / heads.
+            head_dim=config.get("head_dim", TRANSFORMERS_DEFAULT_HEAD_DIM),
             rope_theta=float(rope.get("rope_theta", config.get("rope_theta", 10000.0))),
             partial_rotary_factor=float(
                 rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 0.25))
@@ -366,9 +370,12 @@ class GatedAttention(nn.Module):
         value = self.v_proj(x).view(length, self.num_kv_heads, self.head_dim).transpose(0, 1)
         query = apply_rotary(query, cos, sin)
         key = apply_rotary(key, cos, sin)
-        # index_put_ (not index_copy_): ExecuTorch's reinplace pass updates it in place.
-        self.k_cache[:, :, positions] = key.transpose(1, 2).to(self.k_cache.dtype)
-        self.v_cache[:, positions] = value.to(self.v_cache.dtype)
+        # index_put_ (not index_copy_): ExecuTorch's reinplace pass updates it in place. Called
+        # as the op, not as `cache[:, :, positions] = x`: Python indexing strips the value's
+        # leading size-1 dims (one KV head), and ExecuTorch's in-place index_put kernel takes
+        # only values of the cache's rank (it fails the call otherwise).
+        torch.ops.aten.index_put_(self.k_cache, [None, None, positions], key.transpose(1, 2).to(self.k_cache.dtype))
+        torch.ops.aten.index_put_(self.v_cache, [None, positions], value.to(self.v_cache.dtype))
         attended = self.attend(query, self.k_cache, self.v_cache, positions, mask)  # [H, T, D]
         attended = attended.transpose(0, 1).reshape(1, length, -1)  # [1, T, H*D]
         return self.o_proj(attended * torch.sigmoid(gate.reshape(1, length, -1)))
