@@ -35,5 +35,10 @@ class CudaTritonBackend(Backend):
 
         return lower_to_cuda(programs, metadata=metadata)
 
+    def conformance_implementations(self) -> list:
+        from cuda_backend.conformance import IMPLEMENTATIONS
+
+        return IMPLEMENTATIONS
+
 
 CUDA = CudaTritonBackend()

@@ -41,6 +41,11 @@ class CpuBackend(Backend):
             sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(), run_reinplace_pass=True,
         )
 
+    def conformance_implementations(self) -> list:
+        from runtime_ops.conformance import IMPLEMENTATIONS
+
+        return IMPLEMENTATIONS
+
 
 class XnnpackBackend(CpuBackend):
     name = "xnnpack"
