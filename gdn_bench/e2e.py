@@ -5,8 +5,8 @@ every system on the same weights in the same run:
 
 * ``checkpoint``: a Hugging Face folder of the published Qwen3.5-0.8B text shape
   with seeded random weights (``Qwen3_5ForCausalLM``, fp32, tied embeddings);
-* ``ours`` / ``ours_8da4w``: our ``.pte`` (XNNPACK, fp32 and 8da4w), run with
-  ``ProgramRunner``;
+* ``ours`` / ``ours_8da4w`` / ``ours_8da8w``: our ``.pte`` (XNNPACK, fp32,
+  8da4w and 8da8w), run with ``ProgramRunner``;
 * ``hf``: transformers eager on the checkpoint (its pure-PyTorch GDN path);
 * ``executorch``: ExecuTorch's own Qwen3.5 flow (``convert_weights`` then
   ``export_llm`` with its ``qwen3_5_xnnpack_fp32.yaml``), static shapes, so
@@ -22,6 +22,10 @@ an artifact is reused. Each system is timed in a fresh interpreter, so no two
 models share a process's memory. Measured figures accumulate in
 ``results.json``; the table says when each row was measured, because ratios are
 only meaningful between rows of the same run.
+
+``--kl`` also scores each quantized program: the mean KL divergence of its
+next-token distributions from the fp32 model's (our eager model) over a fixed
+512-token text (``gdn_export.tiny.CORPUS``), teacher-forced one token a call.
 """
 
 from __future__ import annotations
@@ -43,10 +47,14 @@ from typing import Callable, Optional
 
 import torch
 
-SYSTEMS = ("ours", "ours_8da4w", "hf", "executorch")
+SYSTEMS = ("ours", "ours_8da4w", "ours_8da8w", "hf", "executorch")
+# Our programs and the --quantize each is exported with.
+OURS = {"ours": "none", "ours_8da4w": "8da4w", "ours_8da8w": "8da8w"}
+KL_TOKENS = 512
 SYSTEM_LABELS = {
     "ours": "gdn-export .pte (XNNPACK fp32)",
     "ours_8da4w": "gdn-export .pte (XNNPACK 8da4w)",
+    "ours_8da8w": "gdn-export .pte (XNNPACK 8da8w)",
     "hf": "transformers eager (fp32)",
     "executorch": "ExecuTorch export_llm flow (XNNPACK fp32)",
 }
@@ -174,7 +182,8 @@ class Workdir:
         self.root = root.resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.checkpoint = self.root / "checkpoint"
-        self.ours = {"ours": self.root / "ours_fp32.pte", "ours_8da4w": self.root / "ours_8da4w.pte"}
+        self.ours = {system: self.root / f"ours_{quantize if quantize != 'none' else 'fp32'}.pte"
+                     for system, quantize in OURS.items()}
         # Not named "executorch": export_llm imports differently when its working folder is.
         self.executorch_dir = self.root / "executorch_flow"
         self.executorch_params = self.executorch_dir / "params.json"
@@ -213,7 +222,7 @@ class Workdir:
         self.build("checkpoint", self.checkpoint, [sys.executable, "-c", code])
 
     def ensure_ours(self, system: str) -> None:
-        quantize = "8da4w" if system == "ours_8da4w" else "none"
+        quantize = OURS[system]
         code = (
             "import sys; from gdn_export import export_qwen35; "
             "print(export_qwen35(*sys.argv[1:3], backend='xnnpack', dtype='fp32', quantize=sys.argv[3], "
@@ -401,6 +410,58 @@ def measure(system: str, artifact: str, plan: Plan) -> dict:
 def measure_in_child(system: str, artifact: Path, plan: Plan) -> dict:
     with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
         return pool.submit(measure, system, str(artifact), plan).result()
+
+
+# ---------------------------------------------------------------------------
+# Quality: how far each quantized program's next-token distributions are from the fp32 model's.
+
+
+def quality_tokens(checkpoint: Path, count: int = KL_TOKENS) -> list:
+    """The first ``count`` tokens of the built-in text, repeated as needed, in the checkpoint's tokenizer."""
+    from tokenizers import Tokenizer
+
+    from gdn_export.tiny import CORPUS
+
+    ids = Tokenizer.from_file(str(checkpoint / "tokenizer.json")).encode(CORPUS).ids
+    return (ids * (count // len(ids) + 1))[:count]
+
+
+def measure_kl(checkpoint: str, programs: dict, threads: int) -> dict:
+    """Mean KL(fp32 || program) of the next-token distribution at each position of ``quality_tokens``, and the
+    share of positions whose most likely token agrees (runs in a fresh interpreter).
+
+    The reference is our eager fp32 model over the whole text in one call; each
+    program is fed the same text one token a call (it returns the last position's logits).
+    """
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+    from gdn_export import load_qwen35, rewrite
+    from gdn_export.runner import ProgramRunner
+
+    torch.set_num_threads(threads)
+    _unsafe_reset_threadpool(threads)
+    tokens = quality_tokens(Path(checkpoint))
+    model = rewrite(load_qwen35(checkpoint, max_seq_len=len(tokens)), backend="xnnpack")
+    model.all_logits = True
+    with torch.inference_mode():
+        reference = torch.log_softmax(model(torch.tensor([tokens]), torch.tensor([0]))[0].float(), dim=-1)
+    del model
+    scores = {}
+    for system, program in programs.items():
+        runner = ProgramRunner(program)
+        runner.reset()
+        divergences, agreements = [], 0
+        for position, token in enumerate(tokens):
+            log_probs = torch.log_softmax(runner.feed([token]).float(), dim=-1)
+            expected = reference[position]
+            divergences.append(float((expected.exp() * (expected - log_probs)).sum()))
+            agreements += int(log_probs.argmax() == expected.argmax())
+        del runner
+        scores[system] = {
+            "mean_kl": statistics.fmean(divergences), "top1_agreement": agreements / len(tokens), "tokens": len(tokens),
+        }
+        log(f"  {system}: mean KL {scores[system]['mean_kl']:.4f}, same top token {agreements / len(tokens):.1%}")
+    return scores
 
 
 # ---------------------------------------------------------------------------
@@ -657,7 +718,7 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple) -> str:
             continue
         prefill = [format_rate(entry["prefill_tok_s"].get(str(p))) for p in prompts]
         decode = entry.get("decode_tok_s")
-        share = f"{decode / floor['floor_tok_s']:.2f}" if decode and system != "ours_8da4w" else "-"
+        share = f"{decode / floor['floor_tok_s']:.2f}" if decode and OURS.get(system, "none") == "none" else "-"
         load = " to ".join(f"{value:.1f}" for value in entry.get("load_average", ()))
         lines.append(
             f"| {SYSTEM_LABELS[system]} | " + " | ".join(prefill)
@@ -686,6 +747,18 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple) -> str:
                 value = interleaved["systems"][numerator]["decode_tok_s"] / interleaved["systems"][denominator]["decode_tok_s"]
                 lines.append(f"\ninterleaved decode {numerator} / {denominator}: {value:.2f}x "
                              f"(floor {least}x: {'met' if value >= least else 'NOT met'})")
+    quality = results.get("quality")
+    if quality:
+        lines += [
+            "",
+            f"| program | mean KL from fp32 ({KL_TOKENS} tokens) | same top token | measured |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {SYSTEM_LABELS[s]} | {quality[s]['mean_kl']:.4f} | {100 * quality[s]['top1_agreement']:.1f}% "
+            f"| {quality[s]['measured_at']} |"
+            for s in SYSTEMS if s in quality
+        ]
     if builds:
         lines += [
             "",
@@ -784,6 +857,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default %(default)s; an empty string skips it)")
     parser.add_argument("--interleave-rounds", type=int, default=8, help="turns per system (default %(default)s)")
     parser.add_argument("--build-only", action="store_true", help="build the artifacts, time nothing")
+    parser.add_argument("--kl", action="store_true",
+                        help=f"also score the quantized programs among --only: mean KL divergence from the fp32 "
+                             f"model over a fixed {KL_TOKENS}-token text")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG bar plot here (needs matplotlib)")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables here as markdown")
     parser.add_argument("--prompt-cache", action="store_true",
@@ -819,8 +895,7 @@ def run(args) -> int:
     builders: dict[str, Callable[[], None]] = {
         "hf": lambda: None,
         "executorch": workdir.ensure_executorch,
-        "ours": lambda: workdir.ensure_ours("ours"),
-        "ours_8da4w": lambda: workdir.ensure_ours("ours_8da4w"),
+        **{system: (lambda system=system: workdir.ensure_ours(system)) for system in OURS},
     }
     results = read_json(workdir.results_path)
     floor = results.get("memory_floor", {})
@@ -841,6 +916,14 @@ def run(args) -> int:
         plan = Plan(tuple(prompts), args.decode_steps, vocab_size, args.seed, args.threads)
         results[system] = {**measure_in_child(system, artifacts[system], plan), "measured_at": stamp}
         write_json(workdir.results_path, results)
+    scored = {system: str(artifacts[system]) for system in args.only if OURS.get(system, "none") != "none"}
+    if args.kl and scored and not args.build_only:
+        log(f"quality: KL divergence from the fp32 model, {', '.join(scored)}")
+        with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+            scores = pool.submit(measure_kl, str(workdir.checkpoint), scored, args.threads).result()
+        for system, score in scores.items():
+            results.setdefault("quality", {})[system] = {**score, "measured_at": time.strftime("%Y-%m-%d %H:%M")}
+        write_json(workdir.results_path, results)
     interleave = [system for system in args.interleave if system in args.only]
     if len(interleave) >= 2 and not args.build_only:
         log(f"decode interleaved: {', '.join(interleave)}, {args.interleave_rounds} rounds of 4 steps")
@@ -853,8 +936,9 @@ def run(args) -> int:
     if not floor:
         return 0
     systems = {s: results[s] for s in SYSTEMS if s in results}
-    if "interleaved_decode" in results:
-        systems["interleaved_decode"] = results["interleaved_decode"]
+    for extra in ("interleaved_decode", "quality"):
+        if extra in results:
+            systems[extra] = results[extra]
     table = report(systems, workdir.builds(), floor, args.prompts)
     print(table)
     if args.markdown is not None:

@@ -13,7 +13,7 @@ The program follows ExecuTorch's LLM conventions, so its stock runners
 
 A backend may export other methods (``Backend.export_methods``). Steps: check
 every argument, file and the machine (before anything is loaded or written),
-load, rewrite for the backend, quantize, ``torch.export``, lower (the backend,
+load (quantizing each layer as it is read), rewrite for the backend, ``torch.export``, lower (the backend,
 through ``gdn_export.lowering``), write the files into place atomically.
 """
 
@@ -32,7 +32,7 @@ from gdn_export.backends import Backend, backend_names, default_backend, get_bac
 from gdn_export.checkpoint import Checkpoint, read_checkpoint
 from gdn_export.lowering import reporting_stages, write_program
 from gdn_export.quantize import MODES as QUANTIZATIONS
-from gdn_export.quantize import quantize_linears
+from gdn_export.quantize import quantize_module
 from gdn_export.state_methods import STATE_METHODS, state_metadata
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -203,13 +203,14 @@ def export_qwen35(
         progress(f"[{time.perf_counter() - started:6.1f} s] {message}")
 
     metadata = request.checkpoint.program_metadata(max_seq_len=request.max_seq_len, prefill_chunk=request.prefill_chunk)
-    step(f"loading {request.checkpoint.folder}")
-    model = loading.load_model(request.checkpoint, dtype=request.dtype, max_seq_len=request.max_seq_len)
+    quantizing = f", quantizing each layer as it is read ({request.quantize})" if request.quantize != "none" else ""
+    step(f"loading {request.checkpoint.folder}{quantizing}")
+    model = loading.load_model(
+        request.checkpoint, dtype=request.dtype, max_seq_len=request.max_seq_len,
+        transform=None if request.quantize == "none" else lambda module: quantize_module(module, request.quantize),
+    )
     model.all_logits = False  # the runners sample from the last position only
     rewrite(model, backend=request.backend.name)
-    if request.quantize != "none":
-        step(f"quantizing linear layers ({request.quantize})")
-        quantize_linears(model, request.quantize)
     step(f"exporting (tokens up to {request.prefill_chunk} a call)")
     programs = request.backend.export_methods(model, request.prefill_chunk)
     if set(STATE_METHODS) <= set(programs):

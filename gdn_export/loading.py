@@ -19,8 +19,10 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from typing import Callable, Optional
 
 import torch
+from torch import nn
 
 from gdn_export.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 from gdn_export.models.qwen35 import Qwen35ForCausalLM
@@ -46,18 +48,20 @@ def _text_model_name(name: str) -> str | None:
 
 
 def _read_tensors(weight_files: dict[str, Path], dtype: torch.dtype):
-    """Every text-model tensor, renamed to our parameter names, in ``dtype``; experts stacked.
+    """Yield (our name, tensor in ``dtype``, origin) for every text-model tensor, one at a time; experts stacked.
 
-    Returns (tensors, origins): origins names each tensor's file and checkpoint name, for errors.
+    Tensors are read from the memory-mapped files one by one, so a caller that
+    consumes each before asking for the next never holds every weight in
+    memory. Per-expert MoE weights are held until the end, then stacked.
+    ``origin`` names the file and checkpoint name, for errors.
     """
     from safetensors import safe_open
 
     by_file: dict[Path, list[str]] = {}
     for name, file in weight_files.items():
         by_file.setdefault(file, []).append(name)
-    tensors: dict[str, torch.Tensor] = {}
-    origins: dict[str, str] = {}
     per_expert: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    expert_origins: dict[str, str] = {}
     skipped: dict[str, int] = {}
     for file, names in by_file.items():
         if not file.is_file():
@@ -76,15 +80,15 @@ def _read_tensors(weight_files: dict[str, Path], dtype: torch.dtype):
                     if not tensor.is_floating_point():
                         raise CheckpointError(f"{file}: tensor {name!r} has dtype {tensor.dtype}, expected a float")
                     tensor = tensor.to(dtype)
+                    origin = f"{file}: tensor {name!r}"
                     expert = _PER_EXPERT.match(ours)
                     if expert:
                         module, index, projection = expert.groups()
                         per_expert.setdefault(module, {}).setdefault(int(index), {})[projection] = tensor
-                        for stacked in ("gate_up_proj", "down_proj"):
-                            origins[f"{module}.{stacked}"] = f"{file}: tensor {name!r}"
-                    else:
-                        tensors[ours] = tensor
-                        origins[ours] = f"{file}: tensor {name!r}"
+                        expert_origins[module] = origin
+                        continue
+                    yield ours, tensor, origin
+                    del tensor
         except CheckpointError:
             raise
         except Exception as error:  # corrupt header or data: name the file and the tensor being read
@@ -94,8 +98,8 @@ def _read_tensors(weight_files: dict[str, Path], dtype: torch.dtype):
     for what, count in skipped.items():
         logger.info("ignoring %d %s tensors: gdn_export loads the text model only", count, what)
     for module in list(per_expert):  # pop as we go: one layer's experts are held twice at most
-        tensors.update(_stack_experts(module, per_expert.pop(module)))
-    return tensors, origins
+        for stacked, tensor in _stack_experts(module, per_expert.pop(module)).items():
+            yield stacked, tensor, expert_origins[module]
 
 
 def _stack_experts(module: str, experts: dict[int, dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -115,44 +119,69 @@ def load_qwen35(path, *, dtype: torch.dtype = torch.float32, max_seq_len: int = 
     return load_model(read_checkpoint(path), dtype=dtype, max_seq_len=max_seq_len)
 
 
-def load_model(checkpoint: Checkpoint, *, dtype: torch.dtype, max_seq_len: int) -> Qwen35ForCausalLM:
-    """``load_qwen35`` of a checkpoint already read by ``gdn_export.checkpoint.read_checkpoint``."""
+def load_model(
+    checkpoint: Checkpoint,
+    *,
+    dtype: torch.dtype,
+    max_seq_len: int,
+    transform: Optional[Callable[[nn.Module], nn.Module]] = None,
+) -> Qwen35ForCausalLM:
+    """``load_qwen35`` of a checkpoint already read by ``gdn_export.checkpoint.read_checkpoint``.
+
+    ``transform(module)`` (the export's quantizer) is applied to each module as
+    soon as its last weight is read and returns the module to keep in its place;
+    the float weights it replaces are then dropped, so at most one layer's worth
+    of them is in memory at a time.
+    """
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     if not isinstance(max_seq_len, int) or max_seq_len < 1:
         raise ValueError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
     folder, config, config_file = checkpoint.folder, checkpoint.config, checkpoint.config_file
-    tensors, origins = _read_tensors(checkpoint.weight_files, dtype)
     with torch.device("meta"):
         model = Qwen35ForCausalLM(config, max_seq_len=max_seq_len, dtype=dtype)
-    if config.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)  # some tied checkpoints store the copy anyway
-        if "embed_tokens.weight" in tensors:
-            tensors["lm_head.weight"] = tensors["embed_tokens.weight"]
-            origins["lm_head.weight"] = origins["embed_tokens.weight"]
-    expected = model.state_dict()
-    for name, tensor in tensors.items():
+    expected = {name: tensor.shape for name, tensor in model.state_dict().items()}
+    # A tied checkpoint's embedding is also the output head; a stored copy of the head is ignored.
+    tied = {"embed_tokens.weight": "lm_head.weight"} if config.tie_word_embeddings else {}
+    unread = {module_name: {name for name, _ in module.named_parameters(recurse=False)}
+              for module_name, module in model.named_modules()}
+    loaded: set[str] = set()
+    for name, tensor, origin in _read_tensors(checkpoint.weight_files, dtype):
+        if name in tied.values():
+            continue
         if name not in expected:
             raise CheckpointError(
-                f"{origins[name]} is not a parameter of the Qwen3.5 text model that "
-                f"{config_file} describes (as {name!r})"
+                f"{origin} is not a parameter of the Qwen3.5 text model that {config_file} describes (as {name!r})"
             )
-        if tensor.shape != expected[name].shape:
-            raise CheckpointError(
-                f"{origins[name]} has shape {list(tensor.shape)}, expected "
-                f"{list(expected[name].shape)} from {config_file}"
-            )
-    missing = sorted(set(expected) - set(tensors))
+        if tensor.shape != expected[name]:
+            raise CheckpointError(f"{origin} has shape {list(tensor.shape)}, expected {list(expected[name])} from {config_file}")
+        weight = nn.Parameter(tensor, requires_grad=False)
+        for target in (name, tied.get(name)):
+            if target is None:
+                continue
+            module_name, _, leaf = target.rpartition(".")
+            model.get_submodule(module_name)._parameters[leaf] = weight
+            loaded.add(target)
+            unread[module_name].discard(leaf)
+            if not unread[module_name] and transform is not None:
+                _replace_module(model, module_name, transform(model.get_submodule(module_name)))
+        del tensor, weight
+    missing = sorted(set(expected) - loaded)
     if missing:
         raise CheckpointError(
             f"{folder}: missing tensor {missing[0]!r} (HF name model.language_model.{missing[0]} or "
             f"model.{missing[0]}){f' and {len(missing) - 1} more' if len(missing) > 1 else ''}"
         )
-    model.load_state_dict(tensors, assign=True, strict=True)
-    model.tie_weights()
     # Every buffer is a cache or state, which starts at zero.
     for module in model.modules():
         for name, buffer in module._buffers.items():
-            module._buffers[name] = torch.zeros_like(buffer, device="cpu")
+            if buffer is not None and buffer.device.type == "meta":
+                module._buffers[name] = torch.zeros_like(buffer, device="cpu")
     # An inference model: no autograd, which also lets export lower the cache updates in place.
     return model.requires_grad_(False).eval()
+
+
+def _replace_module(model: nn.Module, name: str, replacement: nn.Module) -> None:
+    if replacement is not model.get_submodule(name):
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent), leaf, replacement)

@@ -29,7 +29,8 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 MODEL_VOCAB_SIZE = 512
 TOKENIZER_VOCAB_SIZE = MODEL_VOCAB_SIZE
 
-_CORPUS = """\
+# Trains the tiny tokenizer; gdn-bench e2e also scores quantized programs on it.
+CORPUS = """\
 Once upon a time there was a little model that wanted to run fast on every device.
 It read one token at a time and kept a small state that summarized everything it had seen.
 The state decayed a little with every step, and the delta rule wrote only what was new.
@@ -86,7 +87,7 @@ def build_tokenizer():
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_CORPUS.splitlines(keepends=True), trainer=trainer)
+    tokenizer.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
     return tokenizer
 
 

@@ -3,8 +3,9 @@
 Both give each Gated DeltaNet layer ``gdn::gated_delta_rule_inplace`` and each
 float32 full-attention layer ``gdn::cached_attention``, whose kernels this
 package builds and ``import gdn_export`` loads (the ``gdn_export.kernels``
-entry point). XNNPACK also takes the linear layers (float, 8da4w and int8)
+entry point). XNNPACK also takes the linear layers (float, 8da4w, 8da8w and int8)
 into its delegate; portable leaves every op to ExecuTorch's portable kernels.
+Quantized embeddings run on ExecuTorch's ``quantized_decomposed`` kernels in both.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class CpuBackend(Backend):
 
 class XnnpackBackend(CpuBackend):
     name = "xnnpack"
-    summary = "CPU: XNNPACK runs the linear layers (float, 8da4w, int8), our C++ kernels the rest"
-    quantizations = ("none", "8da4w", "int8wo")
+    summary = "CPU: XNNPACK runs the linear layers (float, 8da4w, 8da8w, int8), our C++ kernels the rest"
+    quantizations = ("none", "8da4w", "8da8w", "int8wo")
 
     def partitioners(self, method: str) -> list:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner

@@ -7,7 +7,8 @@ registry; opened with RTLD_GLOBAL before any program runs) and its sibling
 ``torch.ops.load_library``). They are looked up where ``python -m
 runtime_ops.build`` puts them (``build/runtime_ops/lib/``), or at ``$GDN_RUNTIME_OPS_LIB`` (the
 ExecuTorch library; the ATen one sits next to it). ``import gdn_export`` calls
-``load`` through its ``gdn_export.kernels`` entry point.
+``load`` through its ``gdn_export.kernels`` entry point, which also opens
+ExecuTorch's own quantized kernels (the quantized embedding tables).
 """
 
 from __future__ import annotations
@@ -63,5 +64,26 @@ def load() -> Path:
             raise RuntimeOpsUnavailable(
                 f"gdn runtime ops: cannot load {candidate} (from {source}): {error}; {REBUILD_HINT}"
             ) from error
+    _load_quantized_kernels()
     _loaded = path
     return path
+
+
+def _load_quantized_kernels() -> None:
+    """ExecuTorch's ``quantized_decomposed`` kernels (the quantized embeddings of our quantized programs).
+
+    The runtime's Python binding leaves them out; the executorch wheel ships them
+    as a library that registers them when opened, like ours.
+    """
+    import importlib.util
+
+    package = importlib.util.find_spec("executorch")
+    for folder in package.submodule_search_locations if package else ():
+        library = Path(folder) / "lib" / "libexecutorch_kernels_quantized.so"
+        if library.is_file():
+            try:
+                ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+            except OSError as error:
+                raise RuntimeOpsUnavailable(f"ExecuTorch's quantized kernels: cannot load {library}: {error}") from error
+            return
+    raise RuntimeOpsUnavailable("ExecuTorch's quantized kernels: no libexecutorch_kernels_quantized.so in the executorch package")

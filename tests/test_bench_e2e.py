@@ -130,3 +130,22 @@ def test_bad_flags_are_rejected():
     for flags in (["--only", "hf,llama"], ["--prompts", "0"], ["--prompts", "a"], ["--interleave", "ours,llama"]):
         with pytest.raises(SystemExit):
             parser.parse_args(flags)
+
+
+def test_kl_is_zero_for_the_fp32_program_and_positive_for_4_bits(tmp_path, seed):
+    """--kl's score: our fp32 program reproduces the eager fp32 model (KL ~ 0, same top tokens); the 8da4w
+    program's KL is the mean over positions of sum p log(p / q), computed here again from its logits."""
+    from gdn_export import export_qwen35
+    from gdn_export.tiny import make_tiny_checkpoint
+
+    checkpoint = make_tiny_checkpoint(tmp_path / "tied", seed=seed, tie_word_embeddings=True)
+    programs = {}
+    for system, quantize in (("ours", "none"), ("ours_8da4w", "8da4w")):
+        programs[system] = str(tmp_path / f"{system}.pte")
+        export_qwen35(checkpoint, programs[system], max_seq_len=e2e.KL_TOKENS, prefill_chunk=8, quantize=quantize)
+    tokens = e2e.quality_tokens(checkpoint)
+    assert len(tokens) == e2e.KL_TOKENS and len(set(tokens)) > 50
+    scores = e2e.measure_kl(str(checkpoint), programs, threads=1)
+    assert scores["ours"]["mean_kl"] < 1e-6 and scores["ours"]["top1_agreement"] > 0.99
+    # 4-bit weights move the distributions, but far less than unrelated ones would (KL of order 1 and more).
+    assert 1e-5 < scores["ours_8da4w"]["mean_kl"] < 0.5

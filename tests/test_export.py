@@ -197,27 +197,29 @@ def eager_step_logits(model, prompt_ids, continuation):
 
 
 @pytest.mark.parametrize(
-    "quantize, lowering_error, max_quantization_error",
+    "variant, quantize, lowering_error, max_quantization_error",
     # lowering_error bounds max |program - eager quantized model| relative to the
     # logits' range (XNNPACK's int8 activation rounding differs slightly from
     # torchao's reference; for 8da4w, 0.017 to 0.031 over fresh prompts, so 0.06 leaves
     # the tail room). max_quantization_error bounds the program's distance to
     # unquantized transformers over 16 teacher-forced steps, relative to the spread of
-    # transformers' logits; measured on tiny random models: int8wo about 0.03, 8da4w
-    # about 0.45 (4-bit groups of 32 on 64-wide layers), where unrelated logits give ~1.4.
+    # transformers' logits; measured on tiny random models: int8wo about 0.03, 8da8w
+    # about 0.03, 8da4w about 0.45 (4-bit groups of 32 on 64-wide layers, embedding
+    # included), where unrelated logits give ~1.4.
     # (Argmax agreement is no measure here: a random model's top logits are near ties.)
-    [("int8wo", 1e-4, 0.1), ("8da4w", 0.06, 0.8)],
+    [("dense", "int8wo", 1e-4, 0.1), ("dense", "8da4w", 0.06, 0.8),
+     ("tied", "8da4w", 0.06, 0.8), ("tied", "8da8w", 0.01, 0.1)],
 )
-def test_quantized_programs_stay_close(exported, quantize, lowering_error, max_quantization_error):
+def test_quantized_programs_stay_close(exported, variant, quantize, lowering_error, max_quantization_error):
     from gdn_export import load_qwen35, rewrite
-    from gdn_export.quantize import quantize_linears
+    from gdn_export.quantize import quantize_model
 
-    checkpoint = exported.checkpoint("dense")
-    runner = ProgramRunner(exported.program("dense", quantize=quantize))
+    checkpoint = exported.checkpoint(variant)
+    runner = ProgramRunner(exported.program(variant, quantize=quantize))
     hf = hugging_face_model(checkpoint)
     prompt = fresh_prompt(8)
     continuation = hugging_face_greedy(hf, prompt, 16)[:-1]
-    eager = quantize_linears(rewrite(load_qwen35(checkpoint, max_seq_len=128), backend="xnnpack"), quantize)
+    eager = quantize_model(rewrite(load_qwen35(checkpoint, max_seq_len=128), backend="xnnpack"), quantize)
     expected = eager_step_logits(eager, prompt, continuation)
     actual = pte_step_logits(runner, prompt, continuation)
     logit_range = (expected.max() - expected.min()).item()
@@ -225,3 +227,40 @@ def test_quantized_programs_stay_close(exported, quantize, lowering_error, max_q
     unquantized = hugging_face_step_logits(hf, prompt, continuation)
     spread = (unquantized - unquantized.mean(-1, keepdim=True)).norm()
     assert ((actual - unquantized).norm() / spread).item() <= max_quantization_error
+
+
+def quantized_bytes(model, quantize):
+    """Bytes of the weights of ``model``'s linears and embeddings as ``quantize`` stores them (the math of the
+    format: int4 values packed two a byte with a bf16 scale per group in XNNPACK, an fp32 scale per group in the
+    4-bit embedding table; int8 values with an fp32 scale per row), and their float32 bytes."""
+    from torch import nn
+
+    from gdn_export.quantize import GROUP_SIZES_4BIT
+
+    stored = floats = 0
+    for module in model.modules():
+        if not isinstance(module, (nn.Linear, nn.Embedding)):
+            continue
+        rows, width = module.weight.shape
+        floats += 4 * rows * width
+        if quantize == "8da4w":
+            groups = rows * width // next(size for size in GROUP_SIZES_4BIT if width % size == 0)
+            stored += rows * width // 2 + groups * (4 if isinstance(module, nn.Embedding) else 2)
+        else:
+            stored += rows * width + 4 * rows
+    return stored, floats
+
+
+@pytest.mark.parametrize("quantize", ["8da4w", "8da8w"])
+def test_quantized_program_holds_quantized_embedding_and_head(exported, quantize):
+    """The program shrinks by what quantizing every linear, the output head and the embedding saves, no less."""
+    from gdn_export import load_qwen35
+
+    model = load_qwen35(exported.checkpoint("tied"), max_seq_len=128)
+    stored, floats = quantized_bytes(model, quantize)
+    # The float program holds the tied table once; the quantized one holds it twice (head and embedding).
+    table = 4 * model.embed_tokens.weight.numel()
+    saved = exported.program("tied").stat().st_size - exported.program("tied", quantize=quantize).stat().st_size
+    expected_saving = floats - table - stored
+    # Alignment padding and per-tensor headers: a few percent of the weights.
+    assert saved >= expected_saving - 0.05 * floats

@@ -240,3 +240,37 @@ def test_tiny_tokenizer_loads_in_executorch_tokenizer(dense_checkpoint):
     text = "Once upon a time, 42 engineers measured 2048 tokens per second!"
     assert tokenizer.encode(text, 0, 0) == reference.encode(text).ids
     assert tokenizer.vocab_size() == reference.get_vocab_size()
+
+
+def test_layers_are_transformed_as_they_are_read(tmp_path, seed):
+    """With a transform (the export's quantizer), no two layers' float weights are ever held at once."""
+    from torch import nn
+
+    from gdn_export.checkpoint import read_checkpoint
+    from gdn_export.loading import load_model
+    from gdn_export.quantize import quantize_module
+
+    checkpoint = make_tiny_checkpoint(tmp_path / "tied", seed=seed, tie_word_embeddings=True)
+    seen = []
+
+    def transform(module):
+        # Every weight layer already handed over must have been quantized: none is float any more.
+        still_float = [m for m in seen if type(m.weight) is nn.Parameter and type(m.weight.data) is torch.Tensor]
+        assert not still_float, f"{len(still_float)} earlier layers still hold float weights"
+        quantized = quantize_module(module, "8da4w")
+        if isinstance(quantized, (nn.Linear, nn.Embedding)):
+            seen.append(quantized)
+        return quantized
+
+    model = load_model(read_checkpoint(checkpoint), dtype=torch.float32, max_seq_len=16, transform=transform)
+    reference = dict(load_qwen35(checkpoint, max_seq_len=16).named_modules())
+    layers = {name: m for name, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))}
+    assert len(seen) == len(layers)  # the tied output head is quantized as a layer of its own
+    assert {id(m) for m in seen} == {id(m) for m in layers.values()}
+    assert model.lm_head.weight is not model.embed_tokens.weight
+    # Quantized from the checkpoint's weights: dequantized, each is within half a 4-bit step
+    # (symmetric int4: scale = group max / 7.5) of the float weight.
+    for name, quantized in layers.items():
+        expected = reference[name].weight
+        error = (quantized.weight.dequantize() - expected).abs().max()
+        assert error <= expected.abs().max() / 15 * 1.001 + 1e-7, name
