@@ -1,34 +1,115 @@
-"""Lower an exported program through ExecuTorch's CudaBackend (AOTInductor) to ``.pte`` + ``.ptd``.
+"""Lower Qwen3.5's ``decode`` and ``prefill`` methods through ExecuTorch's CudaBackend (AOTInductor).
 
-The ``gdn_cuda`` ops in the graph are ``triton_op``s: AOTInductor compiles
-their Triton kernels into the delegate, so the program needs no custom-op
-library at run time. CudaBackend keeps the weights out of the ``.pte``, in a
-``.ptd`` data file (``gdn_export.export`` writes both).
+``export_methods`` exports the two methods of a CUDA program, as ExecuTorch's
+own Qwen3.5 CUDA export does: ``decode`` (one token: the per-token Triton
+kernel) and ``prefill`` (2 to ``prefill_chunk`` tokens: the chunked kernels).
+Both update the same state buffers (KV caches, conv and recurrent states) in
+place; the runtime shares them between the methods by name
+(``cuda_backend.executorch_runtime.prepare_for_programs``).
+
+``lower_to_cuda`` lowers with the CudaBackend Python of the revision the CUDA
+runtime was built from (``cuda_backend.executorch_runtime``), so the ``.pte``
+holds what that runtime reads. The ``gdn_cuda`` ops in the graph are
+``triton_op``s: AOTInductor compiles their Triton kernels into the delegate,
+so the program needs no custom-op library at run time. CudaBackend keeps the
+weights out of the ``.pte``, in a ``.ptd`` data file (``gdn_export.export``
+writes both).
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Optional, Union
 
 import torch
 
 
 class CudaLoweringError(RuntimeError):
-    """The machine cannot lower for CUDA (no GPU, no Triton, no ExecuTorch CUDA backend)."""
+    """The machine cannot lower for CUDA (no GPU, no Triton, no ExecuTorch CUDA runtime built)."""
 
 
 def check_lowering_prerequisites() -> None:
-    """Raise ``CudaLoweringError`` naming what is missing for a CudaBackend lowering."""
+    """Raise ``CudaLoweringError`` naming what is missing for a CudaBackend lowering.
+
+    Also points ``executorch.backends.cuda`` at the CUDA runtime's own revision
+    (``executorch_runtime.use_matching_lowering``), before anything imports it.
+    """
     if not torch.cuda.is_available():
         raise CudaLoweringError(
             "--backend cuda lowers with AOTInductor, which compiles the Triton kernels for the local GPU: "
             "this machine has no CUDA device (torch.cuda.is_available() is False)"
         )
+    from cuda_backend import executorch_runtime
+
     try:
         import triton  # noqa: F401
+
+        executorch_runtime.use_matching_lowering()
         from executorch.backends.cuda.cuda_partitioner import CudaPartitioner  # noqa: F401
+    except executorch_runtime.CudaRuntimeUnavailable as error:
+        raise CudaLoweringError(f"--backend cuda: {error}") from error
     except ImportError as error:
         raise CudaLoweringError(f"--backend cuda needs triton and executorch's CUDA backend: {error}") from error
+
+
+def export_methods(model: torch.nn.Module, prefill_chunk: int) -> dict:
+    """``{"decode": ..., "prefill": ...}``: the exported programs of a CUDA ``.pte``.
+
+    * ``decode(tokens [1, 1], input_pos [1])``: T is static, so each Gated
+      DeltaNet layer holds ``gdn_cuda::fused_recurrent_gated_delta_rule``.
+    * ``prefill(tokens [1, T], input_pos [1])`` with T dynamic from 2 to
+      ``prefill_chunk``: ``gdn_cuda::fused_chunked_gated_delta_rule``. Traced at
+      T = ``prefill_chunk``, so the compiled kernels' buffers are sized for the
+      longest chunk. Left out when ``prefill_chunk`` is 1 (every call decodes).
+
+    ``model`` returns the last position's logits (``all_logits`` False) and has
+    the CUDA rewrite (``rewrite(model, "cuda")``). Both methods share the
+    model's buffers, which they update in place.
+    """
+    if prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    input_pos = torch.zeros(1, dtype=torch.long)
+    methods = {}
+    with torch.no_grad():
+        methods["decode"] = torch.export.export(model, (torch.zeros(1, 1, dtype=torch.long), input_pos), strict=False)
+        if prefill_chunk >= 2:
+            tokens = torch.zeros(1, prefill_chunk, dtype=torch.long)
+            # A range of one length is that length, static (torch.export refuses min == max).
+            shapes = ({1: torch.export.Dim("prefill_tokens", min=2, max=prefill_chunk)}, None) \
+                if prefill_chunk > 2 else None
+            methods["prefill"] = torch.export.export(model, (tokens, input_pos), dynamic_shapes=shapes, strict=False)
+    return methods
+
+
+# CudaBackend's compile specs and Inductor settings for a fast compile. AOTInductor's
+# default max_autotune benchmarks several configurations of every pointwise and
+# reduction kernel (and coordinate descent refines them); the matrix products still
+# need their autotuning (max_autotune_gemm), since CudaBackend lets AOTInductor choose
+# among Triton GEMM templates only, and the runtime has no cuBLAS fallback.
+FAST_COMPILE_SPECS = {"max_autotune": b"OFF", "autotune_at_compile_time": b"OFF"}
+FAST_INDUCTOR_CONFIG = {
+    "max_autotune_gemm": True,
+    "coordinate_descent_tuning": False,
+    # The wrapper only launches kernels: -O0 compiles it several times faster than -O1.
+    "aot_inductor.compile_wrapper_opt_level": "O0",
+}
+
+
+@contextlib.contextmanager
+def fast_compile_config():
+    """``FAST_INDUCTOR_CONFIG`` for the duration (settings this torch lacks are skipped)."""
+    import torch._inductor.config as inductor_config
+
+    settings = {}
+    for key, value in FAST_INDUCTOR_CONFIG.items():
+        owner = inductor_config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent, None)
+        if owner is not None and hasattr(owner, leaf):
+            settings[key] = value
+    with inductor_config.patch(settings):
+        yield
 
 
 def lower_to_cuda(
@@ -46,6 +127,7 @@ def lower_to_cuda(
     from executorch.backends.cuda.cuda_backend import CudaBackend
     from executorch.backends.cuda.cuda_partitioner import CudaPartitioner
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
     from executorch.exir.passes import MemoryPlanningPass
 
     programs = program if isinstance(program, dict) else {"forward": program}
@@ -57,14 +139,17 @@ def lower_to_cuda(
         for name, ep in programs.items()
     }
     partitioners = {
-        name: [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(name)])] for name in programs
+        name: [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(name)]
+                               + [CompileSpec(key, value) for key, value in FAST_COMPILE_SPECS.items()])]
+        for name in programs
     }
-    edge = to_edge_transform_and_lower(
-        programs,
-        partitioner=partitioners,
-        compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-        constant_methods=metadata,
-    )
+    with fast_compile_config():
+        edge = to_edge_transform_and_lower(
+            programs,
+            partitioner=partitioners,
+            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+            constant_methods=metadata,
+        )
     manager = edge.to_executorch(
         ExecutorchBackendConfig(
             extract_delegate_segments=True,

@@ -26,7 +26,9 @@ def export_main(argv=None) -> int:
     parser.add_argument("--checkpoint", required=True, help="Hugging Face folder (config.json, safetensors, tokenizer.json)")
     parser.add_argument("--output", required=True, help="the .pte file to write")
     parser.add_argument("--backend", default="xnnpack", choices=export.BACKENDS)
-    parser.add_argument("--dtype", default="fp32", choices=tuple(export.DTYPES))
+    parser.add_argument("--dtype", default=None, choices=tuple(export.DTYPES),
+                        help="weights and activations (default bf16 for --backend cuda, else fp32; "
+                             "recurrent states stay fp32)")
     parser.add_argument("--max-seq-len", type=_positive_int, default=export.DEFAULT_MAX_SEQ_LEN,
                         help="context length: size of the KV cache (default %(default)s)")
     parser.add_argument("--quantize", default="none", choices=export.QUANTIZATIONS)
@@ -37,7 +39,8 @@ def export_main(argv=None) -> int:
 
     try:
         summary = export.export_qwen35(
-            args.checkpoint, args.output, backend=args.backend, dtype=args.dtype,
+            args.checkpoint, args.output, backend=args.backend,
+            dtype=args.dtype or ("bf16" if args.backend == "cuda" else "fp32"),
             max_seq_len=args.max_seq_len, quantize=args.quantize, prefill_chunk=args.prefill_chunk,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )

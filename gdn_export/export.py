@@ -249,8 +249,9 @@ def lower(program: torch.export.ExportedProgram, request: ExportRequest, metadat
 
 
 def count_delegated_nodes(manager) -> tuple[int, int]:
-    """(operator nodes inside delegates, all operator nodes) of the lowered forward graph."""
-    graph_module = manager.exported_program("forward").graph_module
+    """(operator nodes inside delegates, all operator nodes) of the lowered forward (or prefill) graph."""
+    method = next(name for name in ("forward", "prefill", "decode") if name in manager.methods)
+    graph_module = manager.exported_program(method).graph_module
     delegated = total = 0
     for node in graph_module.graph.nodes:
         if node.op != "call_function":
@@ -337,8 +338,14 @@ def export_qwen35(
     if request.quantize != "none":
         step(f"quantizing linear layers ({request.quantize})")
         quantize_linears(model, request.quantize)
-    step(f"exporting forward(tokens[1, 1..{request.prefill_chunk}], input_pos[1])")
-    program = export_program(model, request)
+    if request.backend == "cuda":  # decode and prefill methods, sharing the state buffers
+        from cuda_backend.lowering import export_methods
+
+        step(f"exporting decode(tokens[1, 1]) and prefill(tokens[1, 2..{request.prefill_chunk}])")
+        program = export_methods(model, request.prefill_chunk)
+    else:
+        step(f"exporting forward(tokens[1, 1..{request.prefill_chunk}], input_pos[1])")
+        program = export_program(model, request)
     step(f"lowering for {request.backend}")
     manager = lower(program, request, metadata)
     step(f"serializing to {request.output}")
