@@ -27,7 +27,12 @@ class RunnerError(ValueError):
 
 
 class ProgramRunner:
-    """The ``forward(tokens, input_pos)`` method of a program, and where in the context it stands."""
+    """A program's step methods, and where in the context it stands.
+
+    A CPU program has ``forward(tokens, input_pos)`` for any chunk length; a CUDA
+    program has ``prefill`` (2 or more tokens) and ``decode`` (one token), which
+    share its state buffers.
+    """
 
     def __init__(self, model_path, data_path=None):
         from executorch.runtime import Runtime
@@ -41,9 +46,14 @@ class ProgramRunner:
             # A program's flatbuffer identifier ("ET" and a version) follows its 4-byte root offset.
             if handle.read(8)[4:6] != b"ET":
                 raise RunnerError(f"--model {model_path}: not an ExecuTorch program (.pte)")
+        if _uses_cuda_backend(model_path):
+            _prepare_cuda_runtime()
         try:
             self.program = Runtime.get().load_program(model_path, data_path=data_path)
-            self.forward = self.program.load_method("forward")
+            names = self.program.method_names
+            # prefill before decode: the first method loaded uploads the shared weights and states.
+            self.steps = {name: self.program.load_method(name) for name in ("prefill", "decode", "forward")
+                          if name in names}
         except RuntimeError as error:
             raise RunnerError(f"--model {model_path}: ExecuTorch could not load it ({error})") from None
         self.metadata = {
@@ -52,6 +62,8 @@ class ProgramRunner:
             if name in self.program.method_names
         }
         missing = {"get_max_seq_len", "get_max_context_len", "get_eos_ids"} - set(self.metadata)
+        if "forward" not in self.steps and "decode" not in self.steps:
+            missing.add("forward or decode")
         if missing:
             raise RunnerError(f"--model {model_path}: not an LLM program (no {', '.join(sorted(missing))} method)")
         self.max_chunk = int(self.metadata["get_max_seq_len"][0])
@@ -73,11 +85,33 @@ class ProgramRunner:
             )
         for start in range(0, len(tokens), self.max_chunk):
             chunk = tokens[start:start + self.max_chunk]
-            (logits,) = self.forward.execute(
+            (logits,) = self._step(len(chunk)).execute(
                 [torch.tensor([chunk], dtype=torch.long), torch.tensor([self.position], dtype=torch.long)]
             )
             self.position += len(chunk)
         return logits[0, -1]
+
+    def _step(self, length: int):
+        """The method that runs a chunk of ``length`` tokens."""
+        if "forward" in self.steps:
+            return self.steps["forward"]
+        return self.steps["decode"] if length == 1 or "prefill" not in self.steps else self.steps["prefill"]
+
+
+def _uses_cuda_backend(model_path: Path) -> bool:
+    from cuda_backend.executorch_runtime import program_uses_cuda_backend
+
+    return program_uses_cuda_backend(model_path)
+
+
+def _prepare_cuda_runtime() -> None:
+    """Load ExecuTorch's CUDA runtime (CudaBackend) before the program, methods sharing their states."""
+    from cuda_backend.executorch_runtime import CudaRuntimeUnavailable, prepare_for_programs
+
+    try:
+        prepare_for_programs()
+    except CudaRuntimeUnavailable as error:
+        raise RunnerError(f"the program runs on CUDA: {error}") from None
 
 
 @dataclass
