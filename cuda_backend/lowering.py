@@ -19,6 +19,7 @@ writes both).
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Optional, Union
 
 import torch
@@ -81,16 +82,14 @@ def export_methods(model: torch.nn.Module, prefill_chunk: int) -> dict:
     return methods
 
 
-# CudaBackend's compile specs and Inductor settings for a fast compile. AOTInductor's
-# default max_autotune benchmarks several configurations of every pointwise and
-# reduction kernel (and coordinate descent refines them); the matrix products still
-# need their autotuning (max_autotune_gemm), since CudaBackend lets AOTInductor choose
-# among Triton GEMM templates only, and the runtime has no cuBLAS fallback.
-FAST_COMPILE_SPECS = {"max_autotune": b"OFF", "autotune_at_compile_time": b"OFF"}
+# CudaBackend's compile specs and Inductor settings for a faster compile. Coordinate descent
+# recompiles every kernel to try neighbouring launch configurations, and the wrapper only launches
+# kernels, so -O0 compiles it several times faster than -O1. max_autotune stays on (CudaBackend's
+# default): CudaBackend lets AOTInductor choose among Triton GEMM templates only, and the runtime
+# has no cuBLAS fallback; autotuning at compile time (a second codegen pass) is off.
+FAST_COMPILE_SPECS = {"max_autotune": b"ON", "autotune_at_compile_time": b"OFF"}
 FAST_INDUCTOR_CONFIG = {
-    "max_autotune_gemm": True,
     "coordinate_descent_tuning": False,
-    # The wrapper only launches kernels: -O0 compiles it several times faster than -O1.
     "aot_inductor.compile_wrapper_opt_level": "O0",
 }
 
@@ -138,12 +137,14 @@ def lower_to_cuda(
         name: ep.run_decompositions(cuda_decompositions(), decompose_custom_triton_ops=True)
         for name, ep in programs.items()
     }
+    # GDN_CUDA_COMPILE_DEFAULTS=1 compiles with CudaBackend's own defaults (to measure what the fast
+    # settings save).
+    fast = os.environ.get("GDN_CUDA_COMPILE_DEFAULTS", "") in ("", "0")
+    specs = [CompileSpec(key, value) for key, value in FAST_COMPILE_SPECS.items()] if fast else []
     partitioners = {
-        name: [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(name)]
-                               + [CompileSpec(key, value) for key, value in FAST_COMPILE_SPECS.items()])]
-        for name in programs
+        name: [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(name), *specs])] for name in programs
     }
-    with fast_compile_config():
+    with fast_compile_config() if fast else contextlib.nullcontext():
         edge = to_edge_transform_and_lower(
             programs,
             partitioner=partitioners,

@@ -12,11 +12,18 @@
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
 #   lower: export_qwen35 --backend cuda on a tiny checkpoint: the .pte + .ptd through ExecuTorch's
 #          CudaBackend, as a user makes them
+#   e2e:   builds ExecuTorch's CUDA runtime from the source folder (EXECUTORCH_SRC, default
+#          build/executorch-src, made beforehand with `python -m cuda_backend.executorch_runtime source`:
+#          the machine has no network), exports a tiny dense checkpoint with --backend cuda (fp32, and
+#          with --prefill-chunk 4), runs it in that runtime (gdn-run too) and compares with
+#          transformers' generate, and prompts in chunks with one prefill
+#   e2e-models: the same for the MoE and Hv/Hk = 3 checkpoints (fp32) and the dense one in bf16
+# WHEELS names the wheel folder (default .whl).
 set -uo pipefail
 OUT=${OUT:-build/cuda_device}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "${WHEELS:-.whl}"/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
@@ -48,6 +55,14 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64)" "$OUT/tiny" > "$OUT/lower
       rm -rf "$OUT/tiny"
       grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/lower.log" | tail -12
       ls -l "$OUT"/*.pte "$OUT"/*.ptd 2>/dev/null ;;
+    e2e|e2e-models)
+      started=$SECONDS
+      echo "c++: $(command -v "${CXX:-g++}") $("${CXX:-g++}" --version | head -1); nvcc: $(command -v nvcc)"
+      python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
+          2>&1 | tee "$OUT/e2e_build.log" || { status=1; continue; }
+      echo "runtime built in $((SECONDS - started)) s"
+      python3 -X faulthandler -m cuda_backend.device.e2e_check "$OUT" --set "$([ "$step" = e2e ] && echo core || echo models)" \
+          --deadline-s "${E2E_DEADLINE_S:-$((550 - SECONDS))}" || status=1 ;;
     bench)
       python3 -m gdn_export.bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
           --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;
