@@ -15,7 +15,7 @@ $(INSTALLED): pyproject.toml
 	touch $(INSTALLED)
 
 demo: install
-	$(PY) -m gdn_export.demo
+	$(PY) examples/demo.py
 
 test: install
 	$(PY) -m pytest -q tests
@@ -23,9 +23,14 @@ test: install
 clean:
 	rm -rf $(VENV) build *.egg-info
 
-# The Linux checks of metal_backend (emulated kernels, shims, planning, graph); prints "N passed, M failed".
+# The Linux checks of metal_backend (emulated kernels, shims, planning, graph); prints "N passed, M failed",
+# then the stricter compilers by name (metal_backend/strict_check.py). Those need clang
+# (apt-get install -y clang) and ExecuTorch's Metal runtime headers: EXECUTORCH_SOURCE_DIR=<a checkout>,
+# or EXECUTORCH_GIT_DIR=<a git directory holding strict_check.EXECUTORCH_COMMIT> (the default: this
+# workplace's mirror, when present). `make test` needs neither.
+EXECUTORCH_GIT_DIR ?= $(wildcard /work/.mirror/pytorch+executorch/repo)
 metal-check: install
-	$(PY) -m metal_backend.check
+	EXECUTORCH_GIT_DIR="$(EXECUTORCH_GIT_DIR)" $(PY) -m metal_backend.check
 
 # ExecuTorch's CUDA backend runtime (and its matching lowering) from ExecuTorch's source at the
 # pinned revision, into build/cuda_runtime/: EXECUTORCH_SRC=DIR builds from a source folder,

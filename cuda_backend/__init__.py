@@ -10,23 +10,17 @@ from __future__ import annotations
 import importlib.util
 
 import gdn_export.ops  # noqa: F401  (defines the gdn ops the kernels implement)
+from cuda_backend.kernels import LAUNCH_SHAPE_SWEEPS, SUPPORTED_HEAD_DIMS
 
 TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 
 if TRITON_AVAILABLE:
-    from cuda_backend.triton_ops import (
-        RECURRENT_MAX_LENGTH,
-        SUPPORTED_HEAD_DIMS,
-        fused_gated_delta_rule,
-        gated_delta_rule,
-    )
+    from cuda_backend.triton_ops import fused_gated_delta_rule, gated_delta_rule, launch_kernel
 else:
-    RECURRENT_MAX_LENGTH = 16
-    SUPPORTED_HEAD_DIMS = (64, 128, 256)
 
     def _needs_triton(*args, **kwargs):
         raise RuntimeError("cuda_backend needs Triton: install the 'triton' package (pip install triton)")
 
-    gated_delta_rule = fused_gated_delta_rule = _needs_triton
+    gated_delta_rule = fused_gated_delta_rule = launch_kernel = _needs_triton
 
-__all__ = ["gated_delta_rule", "fused_gated_delta_rule", "RECURRENT_MAX_LENGTH", "SUPPORTED_HEAD_DIMS"]
+__all__ = ["gated_delta_rule", "fused_gated_delta_rule", "launch_kernel", "LAUNCH_SHAPE_SWEEPS", "SUPPORTED_HEAD_DIMS"]

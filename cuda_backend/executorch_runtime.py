@@ -45,6 +45,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from gdn_export.backends import RuntimeUnavailable
+
 # ExecuTorch's main of 2026-08-22 ("Ship the CUDA Windows import library only in CUDA
 # builds"). Why this one: cuda_backend/README.md, "The runtime".
 PINNED_REVISION = "cff6f4dd32e630945b7188512c1f2b4f102b05ad"
@@ -78,7 +80,7 @@ ENV_VAR = "GDN_CUDA_RUNTIME_LIB"
 BUILD_HINT = "build it with `make cuda-runtime` (or `python -m cuda_backend.executorch_runtime build`)"
 
 
-class CudaRuntimeUnavailable(RuntimeError):
+class CudaRuntimeUnavailable(RuntimeUnavailable):
     """ExecuTorch's CUDA runtime (or its matching lowering) is not built or cannot be loaded."""
 
 
@@ -343,17 +345,6 @@ def prepare_for_programs() -> None:
     stopped. Set before any method of a program is loaded.
     """
     set_option("weight_sharing_across_methods", True)
-
-
-def program_uses_cuda_backend(path) -> bool:
-    """Whether the ``.pte`` at ``path`` has a CudaBackend delegate (reads its flatbuffer part only)."""
-    with open(path, "rb") as handle:
-        head = handle.read(64)
-        size = os.path.getsize(path)
-        if head[8:12] == b"eh00":  # the extended header: the flatbuffer's size
-            size = int.from_bytes(head[16:24], "little") or size
-        handle.seek(0)
-        return b"CudaBackend" in handle.read(min(size, 256 * 2**20))
 
 
 # ---------------------------------------------------------------------------

@@ -13,8 +13,8 @@ Importing this module:
   (+ ``.out``), ``gdn::gated_delta_rule_inplace`` (+ ``.out``) and
   ``gdn::fused_gated_delta_rule`` (+ ``.out``).
 
-Sequences of at most ``RECURRENT_MAX_LENGTH`` tokens take the per-token
-kernel (decode), longer ones the chunked kernels (prefill).
+Sequences shorter than the contract's ``CHUNKED_MIN_LENGTH`` tokens take the
+per-token kernel (decode), longer ones the chunked kernels (prefill).
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ import torch
 import triton
 from torch.library import triton_op, wrap_triton
 
-from gdn_export.ops.contract import NAMESPACE, check_inputs, check_out_tensors
+from gdn_export.ops.contract import CHUNKED_MIN_LENGTH, NAMESPACE, check_inputs, check_out_tensors
 from gdn_export.ops.fused import check_fused_inputs, split_heads
 
+from cuda_backend.kernels import SUPPORTED_HEAD_DIMS
 from cuda_backend.kernels.chunked import chunk_output_kernel, chunk_prepare_kernel, chunk_state_kernel
 from cuda_backend.kernels.recurrent import recurrent_gated_delta_rule_kernel
 
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
-RECURRENT_MAX_LENGTH = 16
 # Chunk length of the WY form: 64 rows fill the matrix units for per-head gates; the
 # per-channel form sums [BT, BT, BK] products in registers, so it takes shorter chunks.
 CHUNK_SIZE = {"scalar": 64, "per_channel": 32}
@@ -222,7 +221,7 @@ def run_chunked(query, key, value, g, beta, state_in, state_out, output, *, scal
 
 def _run(query, key, value, g, beta, state_in, state_out, output, scale, use_qk_l2norm):
     scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[3])
-    form = run_recurrent if query.shape[1] <= RECURRENT_MAX_LENGTH else run_chunked
+    form = run_recurrent if query.shape[1] < CHUNKED_MIN_LENGTH else run_chunked
     form(query, key, value, g, beta, state_in, state_out, output, scale=scale, use_qk_l2norm=use_qk_l2norm)
 
 
@@ -275,7 +274,7 @@ def gated_delta_rule(
 ):
     """``gdn::gated_delta_rule`` on the Triton kernels; returns (output, final_state).
 
-    Picks the per-token kernel for T <= RECURRENT_MAX_LENGTH, the chunked ones
+    Picks the per-token kernel for T < CHUNKED_MIN_LENGTH, the chunked ones
     above. ``output``/``final_state`` are written when given; ``final_state`` may
     be ``initial_state`` (the state is then updated in place, with no copy).
     """
@@ -304,9 +303,36 @@ def fused_gated_delta_rule(mixed_qkv, a, b, A_log, dt_bias, state, *, scale=None
             f"{expected.dtype}, got shape {list(output.shape)} and dtype {output.dtype}"
         )
     check_supported(state.shape[2], state.shape[3], mixed_qkv.device, "cuda_backend.fused_gated_delta_rule")
-    form = run_recurrent if mixed_qkv.shape[1] <= RECURRENT_MAX_LENGTH else run_chunked
+    form = run_recurrent if mixed_qkv.shape[1] < CHUNKED_MIN_LENGTH else run_chunked
     _fused_run(form, mixed_qkv, a, b, A_log, dt_bias, state, output, scale)
     return output
+
+
+def launch_kernel(kernel, query, key, value, g, beta, initial_state, final_state, output, *, scale=None,
+                  use_qk_l2norm=False, A_log=None, dt_bias=None, launch_shape=None) -> None:
+    """Launch one of the op's kernels, ``"recurrent"`` (per token) or ``"chunked"``, whatever T.
+
+    For benchmarks and launch-shape checks: ``gated_delta_rule`` and
+    ``fused_gated_delta_rule`` pick the kernel and its launch shape themselves.
+    Writes ``output`` and ``final_state``, which may be ``initial_state`` (in
+    place). With ``A_log``/``dt_bias`` given, ``g``/``beta`` are Qwen3.5's raw
+    a/b, gated inside the kernel as the fused op does. ``launch_shape``
+    overrides entries of the launcher's own choice: ``value_block`` and
+    ``num_warps`` of the per-token kernel; the entries of ``_chunked_launch``
+    and ``scratch`` ("fp32" or "bf16") of the chunked ones
+    (``LAUNCH_SHAPE_SWEEPS`` lists those worth timing). Only the head dims and
+    the device are checked.
+    """
+    if kernel not in ("recurrent", "chunked"):
+        raise ValueError(f"cuda_backend.launch_kernel: kernel must be 'recurrent' or 'chunked', got {kernel!r}")
+    check_supported(query.shape[3], value.shape[3], query.device, "cuda_backend.launch_kernel")
+    arguments = (query, key, value, g, beta, initial_state, final_state, output)
+    options = dict(scale=scale if scale is not None else 1.0 / math.sqrt(query.shape[3]),
+                   use_qk_l2norm=use_qk_l2norm, a_log=A_log, dt_bias=dt_bias)
+    if kernel == "recurrent":
+        run_recurrent(*arguments, **options, **(launch_shape or {}))
+    else:
+        run_chunked(*arguments, **options, tuning=launch_shape)
 
 
 def _register_cuda_implementations() -> None:

@@ -1,89 +1,181 @@
 """Console entry points: ``export_qwen35`` and ``gdn-run``.
 
-Both print one clear line and exit with status 1 on bad input (2 for bad
-flags, from argparse); a traceback means a bug.
+Both print our own lines only: third-party warnings, log records and what
+native libraries write to the process's stderr (cpuinfo, re2, ExecuTorch's
+logger) are hidden unless ``--verbose``. Bad input is one line and exit status
+1 (2 for bad flags, from argparse); Ctrl-C is one line and status 130, with
+nothing written; a traceback means a bug.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+import tempfile
+from typing import Callable, Iterator, TextIO
+
+INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
 
 
-def export_main(argv=None) -> int:
-    from gdn_export import export
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option's default in --help, and descriptions kept as written."""
 
-    parser = argparse.ArgumentParser(
-        prog="export_qwen35", description="Export a Hugging Face Qwen3.5 folder to an ExecuTorch .pte program."
-    )
-    parser.add_argument("--checkpoint", required=True, help="Hugging Face folder (config.json, safetensors, tokenizer.json)")
-    parser.add_argument("--output", required=True, help="the .pte file to write")
-    parser.add_argument("--backend", default="xnnpack", choices=export.BACKENDS)
-    parser.add_argument("--dtype", default=None, choices=tuple(export.DTYPES),
-                        help="weights and activations (default bf16 for --backend cuda, else fp32; "
-                             "recurrent states stay fp32)")
-    parser.add_argument("--max-seq-len", type=_positive_int, default=export.DEFAULT_MAX_SEQ_LEN,
-                        help="context length: size of the KV cache (default %(default)s)")
-    parser.add_argument("--quantize", default="none", choices=export.QUANTIZATIONS)
-    parser.add_argument("--prefill-chunk", type=_positive_int, default=None,
-                        help=f"most tokens per forward call (default min({export.DEFAULT_PREFILL_CHUNK}, --max-seq-len))")
-    args = parser.parse_args(argv)
-    from gdn_export.loading import CheckpointError
 
+@contextlib.contextmanager
+def our_lines_only(verbose: bool) -> Iterator[TextIO]:
+    """The stream for our own lines; everything else written to stderr is hidden unless ``verbose``.
+
+    Native libraries write to file descriptor 2, ExecuTorch's Python bindings
+    to ``sys.stderr``, Python's warnings and log records through their own
+    machinery: while this is open, descriptor 2 points at a scratch file,
+    ``sys.stderr`` at nothing, warnings and logs below errors are off, and our
+    lines go to the stderr the process started with. A bug's traceback is
+    printed after it closes, so it still shows.
+    """
+    if verbose:
+        yield sys.stderr
+        return
+    import logging
+    import warnings
+
+    sys.stderr.flush()
+    try:  # a caller that captures sys.stderr itself (a test) keeps receiving our lines
+        stderr_is_fd2 = sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        stderr_is_fd2 = False
+    saved_fd2, saved_stderr = os.dup(2), sys.stderr
+    ours = os.fdopen(os.dup(saved_fd2), "w", buffering=1) if stderr_is_fd2 else saved_stderr
+    with tempfile.TemporaryFile() as scratch, open(os.devnull, "w") as nowhere, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        os.dup2(scratch.fileno(), 2)
+        sys.stderr = nowhere
+        logging.disable(logging.WARNING)
+        try:
+            yield ours
+        finally:
+            logging.disable(logging.NOTSET)
+            ours.flush()
+            sys.stderr = saved_stderr
+            os.dup2(saved_fd2, 2)
+            os.close(saved_fd2)
+            if ours is not saved_stderr:
+                ours.close()
+
+
+def _run(program: str, verbose: bool, body: Callable[[TextIO], int]) -> int:
+    """``body(console)``'s status; Ctrl-C anywhere in it is one line and status 130."""
     try:
-        summary = export.export_qwen35(
-            args.checkpoint, args.output, backend=args.backend,
-            dtype=args.dtype or ("bf16" if args.backend == "cuda" else "fp32"),
-            max_seq_len=args.max_seq_len, quantize=args.quantize, prefill_chunk=args.prefill_chunk,
-            progress=lambda line: print(line, file=sys.stderr, flush=True),
-        )
-    except (export.ExportError, CheckpointError, OSError) as error:
-        print(f"export_qwen35: error: {error}", file=sys.stderr)
-        return 1
-    print(summary.describe())
-    return 0
+        with our_lines_only(verbose) as console:
+            return body(console)
+    except KeyboardInterrupt:
+        print(f"{program}: interrupted; nothing written", file=sys.stderr, flush=True)
+        return INTERRUPTED
+
+
+def export_main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="export_qwen35", formatter_class=_HelpFormatter,
+        description="Export a Hugging Face Qwen3.5 folder to an ExecuTorch .pte program "
+        "(plus .ptd weight files for the GPU backends).",
+    )
+    from gdn_export.backends import backend_names, default_backend
+    from gdn_export.export import DEFAULT_MAX_SEQ_LEN, DEFAULT_PREFILL_CHUNK, DTYPES, QUANTIZATIONS
+
+    parser.add_argument("--checkpoint", required=True,
+                        help="Hugging Face folder: config.json, safetensors weights, tokenizer.json")
+    parser.add_argument("--output", required=True, help="the .pte file to write (written whole or not at all)")
+    parser.add_argument("--backend", default=default_backend(), choices=backend_names(),
+                        help="the registered backend to lower for: xnnpack and portable run on CPU, "
+                        "cuda on NVIDIA GPUs, metal on Apple GPUs")
+    parser.add_argument("--dtype", default=None, choices=tuple(DTYPES),
+                        help="weights and activations (default: the backend's, bf16 for cuda and fp32 for the "
+                        "others); the recurrent state stays float32")
+    parser.add_argument("--max-seq-len", type=_positive_int, default=DEFAULT_MAX_SEQ_LEN,
+                        help="context length: the tokens the KV cache holds")
+    parser.add_argument("--quantize", default="none", choices=QUANTIZATIONS,
+                        help="linear layers: 8da4w (int8 activations, int4 weights; xnnpack) or int8wo "
+                        "(int8 weights)")
+    parser.add_argument("--prefill-chunk", type=_positive_int, default=None,
+                        help=f"most prompt tokens per call (default: the smaller of {DEFAULT_PREFILL_CHUNK} "
+                        "and --max-seq-len)")
+    parser.add_argument("--verbose", action="store_true", help="also show third-party warnings and native logs")
+    args = parser.parse_args(argv)
+
+    def body(console: TextIO) -> int:
+        from gdn_export import export
+        from gdn_export.checkpoint import CheckpointError
+
+        try:
+            summary = export.export_qwen35(
+                args.checkpoint, args.output, backend=args.backend, dtype=args.dtype,
+                max_seq_len=args.max_seq_len, quantize=args.quantize, prefill_chunk=args.prefill_chunk,
+                progress=lambda line: print(line, file=console, flush=True),
+            )
+        except (export.ExportError, CheckpointError, OSError) as error:
+            print(f"export_qwen35: error: {error}", file=console)
+            return 1
+        print(summary.describe())
+        return 0
+
+    return _run("export_qwen35", args.verbose, body)
 
 
 def run_main(argv=None) -> int:
-    from gdn_export import runner
-
-    parser = argparse.ArgumentParser(prog="gdn-run", description="Generate text from a .pte written by export_qwen35.")
+    parser = argparse.ArgumentParser(
+        prog="gdn-run", formatter_class=_HelpFormatter,
+        description="Generate text from a .pte written by export_qwen35.",
+    )
     parser.add_argument("--model", required=True, help="the .pte program")
     parser.add_argument("--tokenizer", required=True, help="the checkpoint's tokenizer.json")
-    parser.add_argument("--prompt", required=True)
-    parser.add_argument("--max-new-tokens", type=_positive_int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=64,
+                        help="most tokens to generate (fewer at an end-of-sequence token or the context's end)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed when --temperature > 0")
-    parser.add_argument("--data", default=None, help="the .ptd weights file of a CUDA program")
+    parser.add_argument("--data", default=None, help="the .ptd weights file of a GPU (cuda, metal) program")
+    parser.add_argument("--verbose", action="store_true", help="also show third-party warnings and native logs")
     args = parser.parse_args(argv)
     if args.temperature < 0:
         print(f"gdn-run: error: --temperature must be >= 0, got {args.temperature}", file=sys.stderr)
         return 1
-    try:
-        tokenizer = runner.load_tokenizer(args.tokenizer)
-        program = runner.ProgramRunner(args.model, data_path=args.data)
-        prompt_tokens = tokenizer.encode(args.prompt).ids
-        if not prompt_tokens:
-            raise runner.RunnerError("--prompt encodes to no tokens")
-        stream = runner.TextStream(tokenizer)
-        result = runner.generate(
-            program, prompt_tokens, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-            on_token=lambda token: print(stream.push(token), end="", flush=True), seed=args.seed,
+
+    def body(console: TextIO) -> int:
+        from gdn_export import runner
+
+        try:
+            tokenizer = runner.load_tokenizer(args.tokenizer)
+            program = runner.ProgramRunner(args.model, data_path=args.data)
+            runner.check_tokenizer(tokenizer, program, args.tokenizer)
+            prompt_tokens = tokenizer.encode(args.prompt).ids
+            if not prompt_tokens:
+                raise runner.RunnerError("--prompt encodes to no tokens")
+            runner.check_prompt_fits(program, len(prompt_tokens))
+            stream = runner.TextStream(tokenizer)
+            result = runner.generate(
+                program, prompt_tokens, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                on_token=lambda token: print(stream.push(token), end="", flush=True), seed=args.seed,
+            )
+        except (runner.RunnerError, ValueError) as error:
+            print(f"gdn-run: error: {error}", file=console)
+            return 1
+        print()
+        print(
+            f"prefill: {len(result.prompt_tokens)} tokens, {result.prefill_tokens_per_second:.1f} tok/s; "
+            f"decode: {len(result.tokens)} tokens, {result.decode_tokens_per_second:.1f} tok/s",
+            file=console,
         )
-    except (runner.RunnerError, ValueError) as error:
-        print(f"gdn-run: error: {error}", file=sys.stderr)
-        return 1
-    print()
-    print(
-        f"prefill: {len(result.prompt_tokens)} tokens, {result.prefill_tokens_per_second:.1f} tok/s; "
-        f"decode: {len(result.tokens)} tokens, {result.decode_tokens_per_second:.1f} tok/s",
-        file=sys.stderr,
-    )
-    return 0
+        return 0
+
+    return _run("gdn-run", args.verbose, body)

@@ -11,16 +11,15 @@ The program follows ExecuTorch's LLM conventions, so its stock runners
   ``enable_dynamic_shape``, ...) read from the checkpoint's config.json and
   generation_config.json.
 
-Steps: check every argument and file (before anything is written), load,
-rewrite for the backend, quantize, ``torch.export``, lower, serialize to a
-temporary file and rename it into place.
+A backend may export other methods (``Backend.export_methods``). Steps: check
+every argument, file and the machine (before anything is loaded or written),
+load, rewrite for the backend, quantize, ``torch.export``, lower (the backend,
+through ``gdn_export.lowering``), write the files into place atomically.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -29,10 +28,12 @@ from typing import Callable, Optional
 
 import torch
 
+from gdn_export.backends import Backend, backend_names, default_backend, get_backend
+from gdn_export.checkpoint import Checkpoint, read_checkpoint
+from gdn_export.lowering import write_program
 from gdn_export.quantize import MODES as QUANTIZATIONS
 from gdn_export.quantize import quantize_linears
 
-BACKENDS = ("xnnpack", "portable", "cuda", "metal")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_MAX_SEQ_LEN = 4096
 DEFAULT_PREFILL_CHUNK = 512
@@ -71,65 +72,31 @@ class ExportSummary:
 class ExportRequest:
     """Validated arguments of one export."""
 
-    checkpoint: Path
+    checkpoint: Checkpoint
     output: Path
-    backend: str
+    backend: Backend
     dtype: torch.dtype
     max_seq_len: int
     quantize: str
     prefill_chunk: int
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ExportError(f"{path}: not a readable JSON file ({error})") from None
-
-
-def check_request(
-    checkpoint, output, *, backend, dtype, max_seq_len, quantize, prefill_chunk
-) -> ExportRequest:
-    """Every argument and input file checked before anything is loaded or written."""
-    if backend not in BACKENDS:
-        raise ExportError(f"--backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if dtype not in DTYPES:
-        raise ExportError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+def _check_backend(name: str, quantize: str) -> Backend:
+    names = backend_names()
+    if name not in names:
+        raise ExportError(f"--backend must be one of {', '.join(names)}, got {name!r}")
     if quantize not in QUANTIZATIONS:
         raise ExportError(f"--quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
-    if quantize == "8da4w" and backend != "xnnpack":
-        raise ExportError(f"--quantize 8da4w needs --backend xnnpack (its kernels), got --backend {backend}")
-    if quantize != "none" and backend in ("cuda", "metal"):
-        raise ExportError(f"--quantize {quantize} is for the CPU backends, got --backend {backend}")
-    if not isinstance(max_seq_len, int) or max_seq_len < 2:
-        raise ExportError(f"--max-seq-len must be an integer >= 2, got {max_seq_len!r}")
-    if prefill_chunk is None:
-        prefill_chunk = min(DEFAULT_PREFILL_CHUNK, max_seq_len)
-    if not isinstance(prefill_chunk, int) or not 1 <= prefill_chunk <= max_seq_len:
+    backend = get_backend(name)
+    if quantize not in backend.quantizations:
+        takers = [other for other in names if quantize in get_backend(other).quantizations]
         raise ExportError(
-            f"--prefill-chunk must be an integer from 1 to --max-seq-len ({max_seq_len}), got {prefill_chunk!r}"
+            f"--quantize {quantize} needs --backend {' or '.join(takers)} (its kernels), got --backend {name}"
         )
+    return backend
 
-    checkpoint = Path(checkpoint)
-    if not checkpoint.is_dir():
-        raise ExportError(f"--checkpoint {checkpoint}: no such folder")
-    config_path = checkpoint / "config.json"
-    if not config_path.is_file():
-        raise ExportError(f"--checkpoint {checkpoint}: missing config.json")
-    config = _read_json(config_path)
-    model_type = config.get("model_type")
-    if model_type not in ("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"):
-        raise ExportError(
-            f"{config_path}: model_type {model_type!r} is not a Qwen3.5 model "
-            "(expected qwen3_5, qwen3_5_moe or their _text forms)"
-        )
-    if not any((checkpoint / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
-        raise ExportError(
-            f"--checkpoint {checkpoint}: missing weights (model.safetensors or model.safetensors.index.json)"
-        )
-    if not (checkpoint / "tokenizer.json").is_file():
-        raise ExportError(f"--checkpoint {checkpoint}: missing tokenizer.json (the runners need it)")
 
+def _check_output(output) -> Path:
     output = Path(output)
     if output.suffix != ".pte":
         raise ExportError(f"--output must name a .pte file, got {output}")
@@ -144,169 +111,72 @@ def check_request(
         raise ExportError(f"--output {output}: folder {parent} is not writable ({error.strerror})") from None
     os.close(descriptor)
     os.unlink(probe)
-    _check_backend_machine(backend)
-    return ExportRequest(checkpoint, output, backend, DTYPES[dtype], max_seq_len, quantize, prefill_chunk)
+    return output
 
 
-def _check_backend_machine(backend: str) -> None:
-    """The GPU backends compile for the local GPU: say what is missing before the model is loaded."""
-    if backend == "cuda":
-        from cuda_backend.lowering import CudaLoweringError, check_lowering_prerequisites
+def check_request(
+    checkpoint, output, *, backend, dtype, max_seq_len, quantize, prefill_chunk
+) -> ExportRequest:
+    """Every argument and input file checked before anything is loaded or written.
 
-        try:
-            check_lowering_prerequisites()
-        except CudaLoweringError as error:
-            raise ExportError(str(error)) from None
-    elif backend == "metal":
-        from metal_backend.lowering import unavailable_reason
-
-        reason = unavailable_reason()
-        if reason is not None:
-            raise ExportError(
-                f"--backend metal lowers only on macOS with Xcode and an Apple-silicon GPU: {reason}. "
-                "Export with --backend xnnpack or portable here, or run this export on a Mac."
-            )
-
-
-def _token_ids(checkpoint: Path, config: dict) -> tuple[Optional[int], list]:
-    """(bos id, eos ids) from generation_config.json, falling back to config.json."""
-    sources = [config, config.get("text_config", {})]
-    generation_config = checkpoint / "generation_config.json"
-    if generation_config.is_file():
-        sources.insert(0, _read_json(generation_config))
-    bos = next((s["bos_token_id"] for s in sources if s.get("bos_token_id") is not None), None)
-    eos = next((s["eos_token_id"] for s in sources if s.get("eos_token_id") is not None), [])
-    eos_ids = [eos] if isinstance(eos, int) else list(eos)
-    return bos, eos_ids
-
-
-def program_metadata(request: ExportRequest, model) -> dict:
-    """The constant methods ExecuTorch's LLM runners read."""
-    config = _read_json(request.checkpoint / "config.json")
-    bos, eos_ids = _token_ids(request.checkpoint, config)
-    metadata = {
-        "get_max_seq_len": request.prefill_chunk,
-        "get_max_context_len": request.max_seq_len,
-        "get_vocab_size": model.config.vocab_size,
-        "get_n_layers": model.config.num_hidden_layers,
-        "use_kv_cache": True,
-        "use_sdpa_with_kv_cache": False,
-        "enable_dynamic_shape": True,
-        "get_eos_ids": eos_ids,
-    }
-    if bos is not None:
-        metadata["get_bos_id"] = bos
-    return metadata
-
-
-def export_program(model, request: ExportRequest) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``forward(tokens, input_pos)`` with T dynamic up to the prefill chunk."""
-    tokens = torch.zeros(1, min(2, request.prefill_chunk), dtype=torch.long)
-    input_pos = torch.zeros(1, dtype=torch.long)
-    if request.prefill_chunk > 1:
-        length = torch.export.Dim("token_dim", min=1, max=request.prefill_chunk)
-        dynamic_shapes = ({1: length}, None)
-    else:
-        dynamic_shapes = None
-    with torch.no_grad():
-        return torch.export.export(model, (tokens, input_pos), dynamic_shapes=dynamic_shapes, strict=False)
-
-
-def lower(program: torch.export.ExportedProgram, request: ExportRequest, metadata: dict):
-    """Edge program lowered for the backend (an ExecutorchProgramManager)."""
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
-    from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
-
-    if request.backend == "cuda":
-        from cuda_backend.lowering import lower_to_cuda
-
-        return lower_to_cuda(program, metadata=metadata)
-    if request.backend == "metal":
-        from metal_backend.lowering import lower_to_metal
-
-        return lower_to_metal(program, metadata=metadata)
-
-    compile_config = EdgeCompileConfig(_check_ir_validity=False)
-    if request.backend == "xnnpack":
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-        edge = to_edge_transform_and_lower(
-            program, partitioner=[XnnpackPartitioner()], compile_config=compile_config,
-            constant_methods=metadata,
+    Raises ExportError for arguments and the machine, CheckpointError for the checkpoint.
+    """
+    chosen = _check_backend(backend, quantize)
+    if dtype is None:
+        dtype = chosen.default_dtype
+    if dtype not in DTYPES:
+        raise ExportError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if not isinstance(max_seq_len, int) or max_seq_len < 2:
+        raise ExportError(f"--max-seq-len must be an integer >= 2, got {max_seq_len!r}")
+    if prefill_chunk is None:
+        prefill_chunk = min(DEFAULT_PREFILL_CHUNK, max_seq_len)
+    if not isinstance(prefill_chunk, int) or not 1 <= prefill_chunk <= max_seq_len:
+        raise ExportError(
+            f"--prefill-chunk must be an integer from 1 to --max-seq-len ({max_seq_len}), got {prefill_chunk!r}"
         )
-    else:
-        edge = to_edge(program, compile_config=compile_config, constant_methods=metadata)
-    backend_config = ExecutorchBackendConfig(
-        extract_delegate_segments=True,
-        do_quant_fusion_and_const_prop=True,
-        # Graph inputs are the caller's tensors: don't plan memory for them.
-        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
-        sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(),
-        run_reinplace_pass=True,
-    )
-    return edge.to_executorch(backend_config)
+    if not Path(checkpoint).is_dir():
+        raise ExportError(f"--checkpoint {checkpoint}: no such folder")
+    read = read_checkpoint(checkpoint)
+    if read.tokenizer_file is None:
+        raise ExportError(f"--checkpoint {read.folder}: missing tokenizer.json (the runners need it)")
+    reason = chosen.unavailable_reason()
+    if reason is not None:
+        raise ExportError(reason)
+    for field_name in ("linear_key_head_dim", "linear_value_head_dim"):
+        value = getattr(read.config, field_name)
+        if chosen.head_dims is not None and value not in chosen.head_dims:
+            raise ExportError(
+                f"{read.config_file}: {field_name} {value} is not covered by --backend {chosen.name}'s "
+                f"kernels (they take {', '.join(map(str, chosen.head_dims))}); export with another --backend"
+            )
+    output = _check_output(output)
+    return ExportRequest(read, output, chosen, DTYPES[dtype], max_seq_len, quantize, prefill_chunk)
 
 
 def count_delegated_nodes(manager) -> tuple[int, int]:
-    """(operator nodes inside delegates, all operator nodes) of the lowered forward (or prefill) graph."""
-    method = next(name for name in ("forward", "prefill", "decode") if name in manager.methods)
-    graph_module = manager.exported_program(method).graph_module
+    """(operator nodes inside delegates, all operator nodes) of every lowered method's graph."""
     delegated = total = 0
-    for node in graph_module.graph.nodes:
-        if node.op != "call_function":
-            continue
-        if "executorch_call_delegate" in str(node.target):
-            lowered = getattr(graph_module, node.args[0].target)
-            inner = sum(n.op == "call_function" for n in lowered.original_module.graph.nodes)
-            delegated += inner
-            total += inner
-        elif "getitem" not in str(node.target):
-            total += 1
+    for method in manager.methods:
+        graph_module = manager.exported_program(method).graph_module
+        for node in graph_module.graph.nodes:
+            if node.op != "call_function":
+                continue
+            if "executorch_call_delegate" in str(node.target):
+                lowered = getattr(graph_module, node.args[0].target)
+                inner = sum(n.op == "call_function" for n in lowered.original_module.graph.nodes)
+                delegated += inner
+                total += inner
+            elif "getitem" not in str(node.target):
+                total += 1
     return delegated, total
-
-
-def write_atomically(path: Path, write: Callable[[object], None]) -> None:
-    """Write through a temporary file in the same folder, renamed into place when complete."""
-    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            write(handle)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def write_program(manager, output: Path) -> list[Path]:
-    """Write the ``.pte`` and any ``.ptd`` weight files beside it; returns the ``.ptd`` paths.
-
-    CudaBackend and MetalBackend keep the weights in ``.ptd`` files. Everything is
-    written into a hidden folder beside ``output`` first and renamed into place
-    only once all of it is complete (the ``.pte``, which names the others, last),
-    so a failure leaves no file behind.
-    """
-    staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
-    try:
-        if getattr(manager, "_tensor_data", None):
-            manager.write_tensor_data_to_file(str(staging))
-        data_files = sorted(staging.iterdir())
-        with open(staging / output.name, "wb") as handle:
-            manager.write_to_file(handle)
-        for staged in data_files:
-            os.replace(staged, output.parent / staged.name)
-        os.replace(staging / output.name, output)
-        return [output.parent / staged.name for staged in data_files]
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def export_qwen35(
     checkpoint,
     output,
     *,
-    backend: str = "xnnpack",
-    dtype: str = "fp32",
+    backend: Optional[str] = None,
+    dtype: Optional[str] = None,
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     quantize: str = "none",
     prefill_chunk: Optional[int] = None,
@@ -314,40 +184,36 @@ def export_qwen35(
 ) -> ExportSummary:
     """Export the Qwen3.5 checkpoint folder ``checkpoint`` to the program ``output`` (.pte).
 
-    ``progress`` receives one line per long step. Raises ``ExportError`` (or the
-    loader's ``CheckpointError``) for bad arguments and files before anything is
-    written; ``output`` appears only once it is complete.
+    ``backend`` is a registered backend's name (``gdn_export.backends``; None:
+    the default, XNNPACK); ``dtype`` None is the backend's default.
+    ``progress`` receives one line per long step.
+    Raises ``ExportError`` or ``CheckpointError`` for bad arguments, files or
+    machine before anything is written; ``output`` appears only once complete.
     """
-    from gdn_export.loading import load_qwen35
+    from gdn_export import loading
     from gdn_export.passes import rewrite
 
     started = time.perf_counter()
     request = check_request(
-        checkpoint, output, backend=backend, dtype=dtype, max_seq_len=max_seq_len,
+        checkpoint, output, backend=backend or default_backend(), dtype=dtype, max_seq_len=max_seq_len,
         quantize=quantize, prefill_chunk=prefill_chunk,
     )
 
     def step(message: str) -> None:
         progress(f"[{time.perf_counter() - started:6.1f} s] {message}")
 
-    step(f"loading {request.checkpoint}")
-    model = load_qwen35(request.checkpoint, dtype=request.dtype, max_seq_len=request.max_seq_len)
+    metadata = request.checkpoint.program_metadata(max_seq_len=request.max_seq_len, prefill_chunk=request.prefill_chunk)
+    step(f"loading {request.checkpoint.folder}")
+    model = loading.load_model(request.checkpoint, dtype=request.dtype, max_seq_len=request.max_seq_len)
     model.all_logits = False  # the runners sample from the last position only
-    rewrite(model, backend=request.backend)
-    metadata = program_metadata(request, model)
+    rewrite(model, backend=request.backend.name)
     if request.quantize != "none":
         step(f"quantizing linear layers ({request.quantize})")
         quantize_linears(model, request.quantize)
-    if request.backend == "cuda":  # decode and prefill methods, sharing the state buffers
-        from cuda_backend.lowering import export_methods
-
-        step(f"exporting decode(tokens[1, 1]) and prefill(tokens[1, 2..{request.prefill_chunk}])")
-        program = export_methods(model, request.prefill_chunk)
-    else:
-        step(f"exporting forward(tokens[1, 1..{request.prefill_chunk}], input_pos[1])")
-        program = export_program(model, request)
-    step(f"lowering for {request.backend}")
-    manager = lower(program, request, metadata)
+    step(f"exporting (tokens up to {request.prefill_chunk} a call)")
+    programs = request.backend.export_methods(model, request.prefill_chunk)
+    step(f"lowering {', '.join(programs)} for {request.backend.name}")
+    manager = request.backend.lower(programs, metadata)
     step(f"serializing to {request.output}")
     data_files = write_program(manager, request.output)
     delegated, total = count_delegated_nodes(manager)

@@ -1,8 +1,7 @@
 """Load a Hugging Face Qwen3.5 checkpoint folder into ``Qwen35ForCausalLM``.
 
-Reads config.json (text-only or the vision-language wrapper, dense or MoE)
-and the safetensors weights (one file, or shards listed in
-``model.safetensors.index.json``). The model is built on the meta device and
+``gdn_export.checkpoint`` reads and validates the folder (config.json, and
+where each tensor is); this module reads the safetensors weights. The model is built on the meta device and
 each tensor is read once, memory-mapped, straight into its parameter, so the
 weights are never held twice. Weights of the vision tower (``model.visual.``)
 and of the multi-token-prediction head (``mtp.``) are not part of the text
@@ -17,70 +16,20 @@ either stacked (``mlp.experts.gate_up_proj`` [E, 2I, H], ``mlp.experts.down_proj
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
 
 import torch
 
-from gdn_export.models.qwen35 import Qwen35Config, Qwen35ForCausalLM
+from gdn_export.checkpoint import Checkpoint, CheckpointError, read_checkpoint
+from gdn_export.models.qwen35 import Qwen35ForCausalLM
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = (
-    "Qwen3_5ForCausalLM",
-    "Qwen3_5MoeForCausalLM",
-    "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration",
-)
 _TEXT_PREFIXES = ("model.language_model.", "model.")
 _SKIPPED_PREFIXES = {"model.visual.": "vision tower", "visual.": "vision tower", "mtp.": "multi-token prediction"}
 _PER_EXPERT = re.compile(r"^(layers\.\d+\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that cannot be loaded; the message names the file and tensor."""
-
-
-def read_config(path) -> tuple[Path, dict]:
-    folder = Path(path)
-    if not folder.is_dir():
-        raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist or is not a folder")
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{config_file}: missing config.json in the checkpoint folder")
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CheckpointError(f"{config_file}: cannot read it as JSON ({error})") from error
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{config_file}: expected a JSON object, got {type(config).__name__}")
-    return folder, config
-
-
-def _weight_files(folder: Path) -> dict[str, Path]:
-    """Tensor name -> the safetensors file that holds it."""
-    index_file = folder / "model.safetensors.index.json"
-    if index_file.is_file():
-        try:
-            weight_map = json.loads(index_file.read_text())["weight_map"]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as error:
-            raise CheckpointError(f"{index_file}: not a valid safetensors index ({error!r})") from error
-        return {name: folder / file for name, file in weight_map.items()}
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{folder}: no model.safetensors or model.safetensors.index.json in the folder")
-    from safetensors import safe_open
-
-    located = {}
-    for file in files:
-        try:
-            with safe_open(file, framework="pt") as handle:
-                located.update({name: file for name in handle.keys()})
-        except Exception as error:  # safetensors raises its own error types for corrupt headers
-            raise CheckpointError(f"{file}: corrupt or unreadable safetensors file ({error})") from error
-    return located
 
 
 def _text_model_name(name: str) -> str | None:
@@ -161,32 +110,21 @@ def _stack_experts(module: str, experts: dict[int, dict[str, torch.Tensor]]) -> 
     return {f"{module}.gate_up_proj": gate_up, f"{module}.down_proj": down}
 
 
-def _check_architecture(config_file: Path, config: dict) -> None:
-    architectures = config.get("architectures") or []
-    unknown = [name for name in architectures if name not in SUPPORTED_ARCHITECTURES]
-    if unknown:
-        raise CheckpointError(
-            f"{config_file}: unsupported architecture {unknown[0]!r}; expected one of {list(SUPPORTED_ARCHITECTURES)}"
-        )
-
-
 def load_qwen35(path, *, dtype: torch.dtype = torch.float32, max_seq_len: int = 2048) -> Qwen35ForCausalLM:
     """The Qwen3.5 text model of a Hugging Face checkpoint folder, in eval mode with zeroed caches."""
+    return load_model(read_checkpoint(path), dtype=dtype, max_seq_len=max_seq_len)
+
+
+def load_model(checkpoint: Checkpoint, *, dtype: torch.dtype, max_seq_len: int) -> Qwen35ForCausalLM:
+    """``load_qwen35`` of a checkpoint already read by ``gdn_export.checkpoint.read_checkpoint``."""
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
     if not isinstance(max_seq_len, int) or max_seq_len < 1:
         raise ValueError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
-    folder, raw_config = read_config(path)
-    config_file = folder / "config.json"
-    _check_architecture(config_file, raw_config)
-    try:
-        config = Qwen35Config.from_hf(raw_config)
-    except (KeyError, TypeError, ValueError) as error:
-        raise CheckpointError(f"{config_file}: {error!r}") from error
-    weight_files = _weight_files(folder)
+    folder, config, config_file = checkpoint.folder, checkpoint.config, checkpoint.config_file
+    tensors, origins = _read_tensors(checkpoint.weight_files, dtype)
     with torch.device("meta"):
         model = Qwen35ForCausalLM(config, max_seq_len=max_seq_len, dtype=dtype)
-    tensors, origins = _read_tensors(weight_files, dtype)
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)  # some tied checkpoints store the copy anyway
         if "embed_tokens.weight" in tensors:

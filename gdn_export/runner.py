@@ -8,6 +8,8 @@ loads our C++ kernels into the runtime's registry.
 
 from __future__ import annotations
 
+import mmap
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +22,37 @@ import gdn_export  # noqa: F401  (registers the gdn kernels with ExecuTorch)
 METADATA_METHODS = (
     "get_max_seq_len", "get_max_context_len", "get_vocab_size", "get_bos_id", "get_eos_ids",
 )
+
+
+def executorch_runtime():
+    """ExecuTorch's ``Runtime``, without loading its compiler.
+
+    The runtime's Python binding imports ``executorch.exir._warnings`` for one
+    decorator, and importing that submodule runs ``executorch.exir``'s package
+    initialisation: the whole compiler, about 5 s of gdn-run's 7 s of imports
+    (measured with ``python -X importtime``). A stand-in package module lets
+    the submodule load alone; it is removed again at once, so a later
+    ``import executorch.exir`` initialises the real package as usual.
+    """
+    import importlib.util
+    import sys
+    import types
+
+    if "executorch.exir" not in sys.modules and "executorch.runtime" not in sys.modules:
+        spec = importlib.util.find_spec("executorch.exir")
+        stand_in = types.ModuleType("executorch.exir")
+        stand_in.__spec__, stand_in.__path__ = spec, list(spec.submodule_search_locations)
+        sys.modules["executorch.exir"] = stand_in
+        try:
+            import executorch.runtime  # noqa: F401
+        finally:
+            if sys.modules.get("executorch.exir") is stand_in:
+                del sys.modules["executorch.exir"]
+            if getattr(sys.modules["executorch"], "exir", None) is stand_in:
+                delattr(sys.modules["executorch"], "exir")
+    from executorch.runtime import Runtime
+
+    return Runtime
 
 
 class RunnerError(ValueError):
@@ -35,8 +68,7 @@ class ProgramRunner:
     """
 
     def __init__(self, model_path, data_path=None):
-        from executorch.runtime import Runtime
-
+        Runtime = executorch_runtime()
         model_path = Path(model_path)
         if not model_path.is_file():
             raise RunnerError(f"--model {model_path}: no such file")
@@ -46,8 +78,7 @@ class ProgramRunner:
             # A program's flatbuffer identifier ("ET" and a version) follows its 4-byte root offset.
             if handle.read(8)[4:6] != b"ET":
                 raise RunnerError(f"--model {model_path}: not an ExecuTorch program (.pte)")
-        if _uses_cuda_backend(model_path):
-            _prepare_cuda_runtime()
+        _load_delegate_runtimes(model_path, Runtime)
         try:
             self.program = Runtime.get().load_program(model_path, data_path=data_path)
             names = self.program.method_names
@@ -98,20 +129,71 @@ class ProgramRunner:
         return self.steps["decode"] if length == 1 or "prefill" not in self.steps else self.steps["prefill"]
 
 
-def _uses_cuda_backend(model_path: Path) -> bool:
-    from cuda_backend.executorch_runtime import program_uses_cuda_backend
+def program_delegate_ids(model_path) -> set:
+    """The backend ids of the delegates in a ``.pte`` (every method's), read from its flatbuffer.
 
-    return program_uses_cuda_backend(model_path)
+    ExecuTorch's schema (``program.fbs``): ``Program.execution_plan`` (field 1)
+    holds ``ExecutionPlan``s whose ``delegates`` (field 7) are
+    ``BackendDelegate``s whose ``id`` (field 0) is the backend's name.
+    """
+    with open(model_path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+
+        def u32(at: int) -> int:
+            return struct.unpack_from("<I", data, at)[0]
+
+        def field(table: int, index: int):
+            """Where field ``index`` of the table at ``table`` lies, or None when absent."""
+            vtable = table - struct.unpack_from("<i", data, table)[0]
+            slot = 4 + 2 * index
+            if slot >= struct.unpack_from("<H", data, vtable)[0]:
+                return None
+            offset = struct.unpack_from("<H", data, vtable + slot)[0]
+            return table + offset if offset else None
+
+        def vector(at):
+            if at is None:
+                return []
+            start = at + u32(at)
+            return [start + 4 + 4 * i + u32(start + 4 + 4 * i) for i in range(u32(start))]
+
+        ids = set()
+        for plan in vector(field(u32(0), 1)):
+            for delegate in vector(field(plan, 7)):
+                where = field(delegate, 0)
+                if where is not None:
+                    text = where + u32(where)
+                    ids.add(bytes(data[text + 4:text + 4 + u32(text)]).decode())
+        return ids
 
 
-def _prepare_cuda_runtime() -> None:
-    """Load ExecuTorch's CUDA runtime (CudaBackend) before the program, methods sharing their states."""
-    from cuda_backend.executorch_runtime import CudaRuntimeUnavailable, prepare_for_programs
+def _load_delegate_runtimes(model_path: Path, Runtime) -> None:
+    """Load the runtime of each delegate that ExecuTorch's runtime does not register itself.
+
+    The backend that provides it (``Backend.delegate_ids``) loads it; the runner
+    imports no backend package by name.
+    """
+    from gdn_export.backends import RuntimeUnavailable, backends_for_delegates
 
     try:
-        prepare_for_programs()
-    except CudaRuntimeUnavailable as error:
-        raise RunnerError(f"the program runs on CUDA: {error}") from None
+        ids = program_delegate_ids(model_path)
+    except (struct.error, IndexError, ValueError) as error:
+        raise RunnerError(f"--model {model_path}: not a readable ExecuTorch program ({error})") from None
+    registry = Runtime.get().backend_registry
+    missing = sorted(delegate_id for delegate_id in ids if not registry.is_available(delegate_id))
+    if not missing:
+        return
+    providers = backends_for_delegates(missing)
+    for delegate_id in missing:
+        if delegate_id not in providers:
+            raise RunnerError(
+                f"--model {model_path}: its {delegate_id} delegate has no runtime here (neither ExecuTorch's "
+                "runtime nor an installed gdn_export backend provides one)"
+            )
+    for backend in dict.fromkeys(providers.values()):
+        try:
+            backend.load_runtime()
+        except RuntimeUnavailable as error:
+            raise RunnerError(f"--model {model_path} runs on {backend.name}: {error}") from None
 
 
 @dataclass
@@ -179,6 +261,41 @@ def load_tokenizer(path):
         return Tokenizer.from_file(str(path))
     except Exception as error:  # the tokenizers library raises its own Exception type
         raise RunnerError(f"--tokenizer {path}: not a tokenizer.json ({error})") from None
+
+
+def check_tokenizer(tokenizer, program: ProgramRunner, tokenizer_path) -> None:
+    """Refuse a tokenizer that is not the program's: ids the program cannot embed, or BOS/EOS ids that are
+    not special tokens of it.
+
+    A checkpoint's tokenizer may hold fewer ids than the embedding (Qwen3.5 pads
+    its vocabulary), never more; and the ids the program stops at are the
+    tokenizer's special tokens (``<|im_end|>``, ``<|endoftext|>``), never text.
+    """
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    program_vocab = program.metadata.get("get_vocab_size")
+    if program_vocab and vocab_size > int(program_vocab[0]):
+        raise RunnerError(
+            f"--tokenizer {tokenizer_path}: {vocab_size} tokens, but the program embeds only "
+            f"{int(program_vocab[0])}: not this program's tokenizer"
+        )
+    special_tokens = {index for index, token in tokenizer.get_added_tokens_decoder().items() if token.special}
+    special = [("EOS", token) for token in sorted(program.eos_ids)]
+    special += [("BOS", int(token)) for token in program.metadata.get("get_bos_id", [])]
+    for name, token in special:
+        if token not in special_tokens:
+            raise RunnerError(
+                f"--tokenizer {tokenizer_path}: the program's {name} id {token} is "
+                f"{tokenizer.id_to_token(token)!r} there, not a special token: not this program's tokenizer"
+            )
+
+
+def check_prompt_fits(program: ProgramRunner, prompt_length: int) -> None:
+    """A prompt the program's context cannot hold, with the export flag that would."""
+    if prompt_length >= program.max_context:
+        raise RunnerError(
+            f"--prompt is {prompt_length} tokens; the program's context holds {program.max_context} "
+            f"(its --max-seq-len) with room for the next token: export with --max-seq-len {prompt_length + 1} or more"
+        )
 
 
 class TextStream:

@@ -11,7 +11,10 @@ Layout (in ExecuTorch's backend shape):
 * ``lowering.py``: ``lower_to_metal`` for ``export_qwen35 --backend metal``;
 * ``mps_eager.py``: the ops on MPS tensors in eager PyTorch;
 * ``emulation/``, ``emulation.py``: the kernels compiled as C++ and run in
-  lockstep on the CPU, which is how Linux CI checks them.
+  lockstep on the CPU, which is how Linux CI checks them;
+* ``device/``: the same kernels compiled as CUDA, for an NVIDIA GPU's
+  concurrency and compute-sanitizer (one device call);
+* ``strict_check.py``, ``strict/``: the stricter compilers of ``make metal-check``.
 
 Importing the package registers the eager MPS kernels when MPS is available
 (on other machines it does nothing).

@@ -3,6 +3,8 @@
 Runs ``tests/test_metal_*.py``: the lockstep emulator, the kernels emulated
 over the conformance table, the C shim agreement, the MPS launch planning,
 graph selection and lowering entry, and the benchmark's off-macOS behaviour.
+Then the stricter compilers of ``metal_backend.strict_check`` (clang needed;
+each prints its name and count).
 """
 
 from __future__ import annotations
@@ -40,7 +42,19 @@ def main(argv=None) -> int:
     if counter.skipped:
         summary += f", {counter.skipped} skipped"
     print(summary)
-    return 0 if status == 0 and counter.failed == 0 else 1
+    strict_ok = run_strict_checks()
+    return 0 if status == 0 and counter.failed == 0 and strict_ok else 1
+
+
+def run_strict_checks() -> bool:
+    """metal_backend.strict_check's checks (clang's among them), each printed by name with its count."""
+    from metal_backend import strict_check
+
+    passed = True
+    for name, summary, error in strict_check.run_all():
+        print(f"metal-check: {name}: {summary}" if error is None else f"metal-check: {name}: FAILED: {error}")
+        passed = passed and error is None
+    return passed
 
 
 if __name__ == "__main__":

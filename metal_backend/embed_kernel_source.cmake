@@ -6,6 +6,8 @@
 #   cmake -DGDN_KERNEL_DIR=metal_backend/kernels -DGDN_KERNEL_SOURCE_HEADER=source.h -P embed_kernel_source.cmake
 file(READ "${GDN_KERNEL_DIR}/gated_delta_rule.metal" gdn_kernel_text)
 file(READ "${GDN_KERNEL_DIR}/gated_delta_rule_params.h" gdn_params_text)
+# Inlined into the main source, the header's #pragma once would draw a warning.
+string(REPLACE "#pragma once\n" "" gdn_params_text "${gdn_params_text}")
 string(REPLACE "#include \"gated_delta_rule_params.h\"" "${gdn_params_text}"
        gdn_kernel_text "${gdn_kernel_text}")
 file(WRITE "${GDN_KERNEL_SOURCE_HEADER}"

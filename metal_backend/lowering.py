@@ -15,23 +15,28 @@ tools; elsewhere ``lower_to_metal`` raises a clear error before doing anything.
 from __future__ import annotations
 
 import contextlib
+import math
 import platform
 from typing import Optional
 
 import torch
 
 from metal_backend import shims
-
-SUPPORTED_HEAD_DIMS = (64, 128, 256)
+from metal_backend.mps_eager import SUPPORTED_HEAD_DIMS
 
 
 def unavailable_reason() -> Optional[str]:
-    """Why Metal lowering cannot run on this machine, or None."""
+    """Why this machine cannot lower for Metal (the export's one-line error), or None."""
     if platform.system() != "Darwin":
-        return f"this machine runs {platform.system()}"
-    if not torch.backends.mps.is_available():
-        return "torch.backends.mps.is_available() is False (Apple silicon and macOS 14+ needed)"
-    return None
+        why = f"this machine runs {platform.system()}"
+    elif not torch.backends.mps.is_available():
+        why = "torch.backends.mps.is_available() is False (Apple silicon and macOS 14+ needed)"
+    else:
+        return None
+    return (
+        f"--backend metal lowers only on macOS with Xcode and an Apple-silicon GPU: {why}. "
+        "Export with --backend xnnpack or portable here, or run this export on a Mac."
+    )
 
 
 @contextlib.contextmanager
@@ -98,9 +103,47 @@ def check_head_dims(program: torch.export.ExportedProgram) -> None:
         key_dim, value_dim = int(value.shape[-2]), int(value.shape[-1])
         if key_dim not in SUPPORTED_HEAD_DIMS or value_dim not in SUPPORTED_HEAD_DIMS:
             raise ValueError(
-                f"--backend metal: the Metal kernels support linear-attention head dims in {{64, 128, 256}}, "
+                f"--backend metal: the Metal kernels support linear-attention head dims in "
+                f"{{{', '.join(map(str, SUPPORTED_HEAD_DIMS))}}}, "
                 f"this model has Dk={key_dim}, Dv={value_dim} (node {node.name}); export it with "
                 "--backend xnnpack or --backend portable instead"
+            )
+
+
+def _state_layout(node: torch.fx.Node) -> tuple[list, list]:
+    """(sizes, strides) of the view a gdn op call updates in place, however the call is spelled."""
+    state = _state_argument(node)
+    value = state.meta.get("val") if isinstance(state, torch.fx.Node) else None
+    if value is None:
+        raise RuntimeError(f"--backend metal: cannot tell the layout of {node.name}'s state (no value on it)")
+    sizes, strides = list(value.shape), list(value.stride())
+    if "_state_size" in node.kwargs:  # auto_functionalized_v2: the view as an as_strided of its base
+        sizes, strides = list(node.kwargs["_state_size"]), list(node.kwargs["_state_stride"])
+    elif "_state_slice_dim" in node.kwargs:  # ... or as a slice of it
+        dim = node.kwargs["_state_slice_dim"]
+        start, end = node.kwargs["_state_slice_start"] or 0, node.kwargs["_state_slice_end"]
+        sizes[dim] = max(0, min(sizes[dim], end if end is not None else sizes[dim]) - start)
+    return sizes, strides
+
+
+def check_in_place_states(program: torch.export.ExportedProgram) -> None:
+    """Refuse, before lowering, a gdn op whose in-place state is a non-packed view.
+
+    ExecuTorch's Metal runtime gives such a view a temporary packed copy
+    (aoti_torch__reinterpret_tensor), so the kernel would update the copy and
+    the model's state would silently stay behind; the copy arrives packed, so
+    the C shims cannot tell. Packed views (permutations, whole-buffer slices) are fine.
+    """
+    for node in metal_op_nodes(program):
+        sizes, strides = _state_layout(node)
+        elements = math.prod(sizes)
+        extent = 1 + sum((size - 1) * abs(stride) for size, stride in zip(sizes, strides) if size > 1)
+        if elements > 1 and extent != elements:
+            raise ValueError(
+                f"--backend metal: {node.name} updates its state in place, but the state is a non-packed view "
+                f"(sizes {sizes}, strides {strides}); ExecuTorch's Metal runtime would run the kernel on a "
+                "temporary copy and the update would be lost. Keep each layer's state a whole buffer "
+                "(or a packed view of one)"
             )
 
 
@@ -109,37 +152,24 @@ def lower_to_metal(program, *, metadata: Optional[dict] = None):
 
     Returns the ExecutorchProgramManager; the caller writes its ``.pte`` and
     ``.ptd`` (``gdn_export.export.write_program``). Raises RuntimeError off macOS
-    and ValueError for head dims the Metal kernels do not cover.
+    and ValueError for head dims the Metal kernels do not cover or a state
+    updated in place that is a non-packed view.
     """
     reason = unavailable_reason()
     if reason is not None:
-        raise RuntimeError(
-            f"--backend metal lowers only on macOS with Xcode and an Apple-silicon GPU: {reason}. "
-            "Export with --backend xnnpack or portable here, or run this export on a Mac."
-        )
+        raise RuntimeError(reason)
     programs = program if isinstance(program, dict) else {"forward": program}
     for exported in programs.values():
         check_head_dims(exported)
+        check_in_place_states(exported)
     from executorch.backends.apple.metal.metal_partitioner import MetalPartitioner
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
+
+    from gdn_export.lowering import lower_programs
 
     with gdn_shims_in_metal_backend() as metal_backend:
-        partitioners = {
-            name: [MetalPartitioner([metal_backend.generate_method_name_compile_spec(name)])] for name in programs
-        }
-        edge = to_edge_transform_and_lower(
+        return lower_programs(
             programs,
-            partitioner=partitioners,
-            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-            constant_methods=metadata,
+            metadata=metadata,
+            partitioners=lambda name: [MetalPartitioner([metal_backend.generate_method_name_compile_spec(name)])],
+            skip_dim_order=True,
         )
-        manager = edge.to_executorch(
-            ExecutorchBackendConfig(
-                extract_delegate_segments=True,
-                do_quant_fusion_and_const_prop=True,
-                # Graph inputs are the caller's tensors: don't plan memory for them.
-                memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
-            )
-        )
-    return manager

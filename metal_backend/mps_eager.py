@@ -30,6 +30,7 @@ import torch
 from gdn_export.ops import contract, fused
 
 KERNELS_DIR = Path(__file__).resolve().parent / "kernels"
+# Head dims (Dk and Dv each) the kernels are written for; others are refused before export.
 SUPPORTED_HEAD_DIMS = (64, 128, 256)
 SIMD_WIDTH = 32
 SIMDGROUPS_PER_THREADGROUP = 4
@@ -39,8 +40,12 @@ METAL_TYPE_NAMES = {torch.float32: "float", torch.bfloat16: "bfloat", torch.floa
 
 @lru_cache(maxsize=1)
 def kernel_source() -> str:
-    """gated_delta_rule.metal with its params header inlined (compile_shader resolves no includes)."""
-    params = (KERNELS_DIR / "gated_delta_rule_params.h").read_text()
+    """gated_delta_rule.metal with its params header inlined (compile_shader resolves no includes).
+
+    The header's ``#pragma once`` goes: in a main source file it draws a
+    warning, which a loader that treats any compiler message as failure rejects.
+    """
+    params = (KERNELS_DIR / "gated_delta_rule_params.h").read_text().replace("#pragma once\n", "")
     return (KERNELS_DIR / "gated_delta_rule.metal").read_text().replace(
         '#include "gated_delta_rule_params.h"', params
     )
@@ -83,7 +88,8 @@ def _strides(tensor: torch.Tensor, count: int) -> list[int]:
 def unsupported_reason(key_dim: int, value_dim: int, *tensors: torch.Tensor) -> str | None:
     """Why the Metal kernels cannot run a call (then the reference runs), or None."""
     if key_dim not in SUPPORTED_HEAD_DIMS or value_dim not in SUPPORTED_HEAD_DIMS:
-        return f"the Metal kernels support head dims Dk, Dv in {{64, 128, 256}}, got Dk={key_dim}, Dv={value_dim}"
+        supported = ", ".join(map(str, SUPPORTED_HEAD_DIMS))
+        return f"the Metal kernels support head dims Dk, Dv in {{{supported}}}, got Dk={key_dim}, Dv={value_dim}"
     dtypes = {t.dtype for t in tensors}
     if len(dtypes) != 1 or not dtypes <= set(METAL_TYPE_NAMES):
         return f"the Metal kernels read one float32/bfloat16/float16 input dtype, got {sorted(map(str, dtypes))}"

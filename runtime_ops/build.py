@@ -2,10 +2,12 @@
 
 Configures runtime_ops/CMakeLists.txt against the torch and executorch
 packages installed in this interpreter's environment (never a pip build
-environment's own torch), compiles it, and places the libraries where the loader
-looks: ``runtime_ops/lib/libgdn_runtime_ops.so`` and
-``runtime_ops/lib/libgdn_runtime_ops_aten.so`` (each written to a temporary name
-first, then renamed, so a running process never sees half a file).
+environment's own torch), compiles it in ``build/runtime_ops/`` beside the
+package (git ignores ``build/``: the source tree gets no build output), and
+places the libraries where the loader looks:
+``build/runtime_ops/lib/libgdn_runtime_ops.so`` and its ``_aten`` sibling (each
+written to a temporary name first, then renamed, so a running process never
+sees half a file).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pathlib import Path
 SOURCE_DIR = Path(__file__).resolve().parent
 LIBRARY_NAME = "libgdn_runtime_ops.so"  # the ExecuTorch kernels (no torch dependency)
 ATEN_LIBRARY_NAME = "libgdn_runtime_ops_aten.so"  # the eager PyTorch kernels, found next to it
-INSTALLED_LIBRARY = SOURCE_DIR / "lib" / LIBRARY_NAME
+BUILD_DIR = SOURCE_DIR.parent / "build" / "runtime_ops"
+INSTALLED_LIBRARY = BUILD_DIR / "lib" / LIBRARY_NAME
 MIN_CMAKE = (3, 19)  # what executorch-config.cmake asks for
 
 
@@ -68,7 +71,7 @@ def build(build_dir: Path, native: bool = True, jobs: int | None = None) -> Path
     ]
     subprocess.run(configure, check=True)
     subprocess.run([cmake, "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 1)], check=True)
-    INSTALLED_LIBRARY.parent.mkdir(exist_ok=True)
+    INSTALLED_LIBRARY.parent.mkdir(parents=True, exist_ok=True)
     for name in (LIBRARY_NAME, ATEN_LIBRARY_NAME):
         staging = INSTALLED_LIBRARY.with_name(f".{name}.{os.getpid()}.tmp")
         shutil.copy2(build_dir / name, staging)
@@ -78,7 +81,7 @@ def build(build_dir: Path, native: bool = True, jobs: int | None = None) -> Path
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime_ops.build", description=__doc__.splitlines()[0])
-    parser.add_argument("--build-dir", type=Path, default=SOURCE_DIR.parent / "build" / "runtime_ops")
+    parser.add_argument("--build-dir", type=Path, default=BUILD_DIR)
     parser.add_argument("--portable", action="store_true", help="compile without -march=native")
     parser.add_argument("-j", "--jobs", type=int, default=None)
     args = parser.parse_args(argv)

@@ -5,8 +5,9 @@ ExecuTorch kernels (static registration into libexecutorch.so's operator
 registry; opened with RTLD_GLOBAL before any program runs) and its sibling
 ``libgdn_runtime_ops_aten.so`` the ATen CPU kernels of the ``gdn`` ops (through
 ``torch.ops.load_library``). They are looked up where ``python -m
-runtime_ops.build`` installs them, or at ``$GDN_RUNTIME_OPS_LIB`` (the
-ExecuTorch library; the ATen one sits next to it).
+runtime_ops.build`` puts them (``build/runtime_ops/lib/``), or at ``$GDN_RUNTIME_OPS_LIB`` (the
+ExecuTorch library; the ATen one sits next to it). ``import gdn_export`` calls
+``load`` through its ``gdn_export.kernels`` entry point.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ class RuntimeOpsUnavailable(RuntimeError):
 
 
 _loaded: Path | None = None
+
+
+def is_loaded() -> bool:
+    """Whether the C++ kernels are loaded (else the pure-PyTorch reference runs the gdn ops on CPU)."""
+    return _loaded is not None
 
 
 def library_path() -> Path:

@@ -2,8 +2,9 @@
 
 The decode floors of the CUDA issue compare ours with ExecuTorch's kernel
 launched the way the bench launches it, so each of those calls (and our
-prefill column) is checked here against the fp64 reference, from fresh random
-inputs the bench's own input builders make at its head shapes.
+prefill column, and a launch shape of each sweep) is checked here against the
+fp64 reference, from fresh random inputs the bench's own input builders make
+at its head shapes.
 Without a GPU this runs under Triton's interpreter in a child process
 (tests/triton_interpreter.py); ExecuTorch's autotuner cannot time configs
 there, so it is held to its first config.
@@ -39,7 +40,7 @@ if not (INTERPRETED or ON_CUDA):
         rerun_module(__file__)
 
 else:
-    from gdn_export.bench import cuda as bench
+    from gdn_bench import cuda as bench
 
     @pytest.fixture(scope="module")
     def implementations():
@@ -105,4 +106,21 @@ else:
         # For bf16 callers the chunked kernels keep their chunk tensors in bf16 and multiply at
         # bf16 rate: the conformance table's bf16 bound, for output and state alike.
         assert relative_error(output.double(), expected_output) <= BF16_CALLER_BOUND
+        assert relative_error(x["state"].double(), expected_state) <= BF16_CALLER_BOUND
+
+    def test_decode_sweep_column_updates_the_state_in_place(inputs):
+        # A launch shape other than the launcher's own (16 columns, 1 warp at this B), through cuda_backend.launch_kernel.
+        expected_output, expected_state = expected(inputs)
+        inputs["output"].fill_(float("nan"))
+        bench._decode_implementations(sweep=True)["ours: fused decode BV=32 warps=2"](inputs)()
+        assert relative_error(inputs["output"][:, 0].double(), expected_output) <= bound(inputs["output"])
+        assert relative_error(inputs["state"].double(), expected_state) <= bound(inputs["state"])
+
+    def test_chunked_sweep_column_writes_output_and_state_in_place():
+        # The separate output kernel, which the chunked launcher's own shape leaves out.
+        x = bench._prefill_inputs(20, torch.Generator(device=DEVICE).manual_seed(torch.seed()), device=DEVICE)
+        expected_output, expected_state = expected(x, from_raw_gates=False, all_tokens=True)
+        x["output"].fill_(float("nan"))
+        bench._prefill_implementations(sweep=True)["ours: chunked fused_output=False"](x)()
+        assert relative_error(x["output"].double(), expected_output) <= BF16_CALLER_BOUND
         assert relative_error(x["state"].double(), expected_state) <= BF16_CALLER_BOUND

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from gdn_export.bench import e2e
+from gdn_bench import e2e
 
 
 def tiny_hf_config(seed: int):

@@ -66,7 +66,7 @@ def test_prefill_export_holds_the_chunked_op(cuda_model):
 
 @directly
 def test_rewrite_for_cuda_gives_the_triton_recurrence(cuda_model):
-    from gdn_export.passes.cuda import CudaFusedRecurrence
+    from cuda_backend.recurrence import CudaFusedRecurrence
 
     layers = [m for m in cuda_model.modules() if hasattr(m, "recurrence")]
     assert layers and all(type(m.recurrence) is CudaFusedRecurrence for m in layers)

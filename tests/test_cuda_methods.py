@@ -1,6 +1,6 @@
 """The CUDA program's two methods (``decode``, ``prefill``) and ExecuTorch's CUDA runtime around them.
 
-Without a GPU: ``export_methods`` is traced on the CPU (the triton_ops through
+Without a GPU: ``CudaTritonBackend.export_methods`` is traced on the CPU (the triton_ops through
 their fake implementations), and the exported programs run in a child under
 Triton's interpreter, sharing one set of state buffers as the CUDA runtime
 shares them, against the reference model (the per-token Python recurrence).
@@ -32,7 +32,8 @@ if INTERPRETED:  # torch.export cannot trace the interpreter's kernels: rerun wi
 directly = pytest.mark.skipif(INTERPRETED, reason="rerun without TRITON_INTERPRET by the test above")
 
 from cuda_backend import executorch_runtime  # noqa: E402
-from cuda_backend.lowering import cuda_decompositions, export_methods  # noqa: E402
+from cuda_backend.backend import CUDA  # noqa: E402
+from cuda_backend.lowering import cuda_decompositions  # noqa: E402
 
 SEED = torch.seed() % 2**31  # one seed for the module; every message below names it
 PREFILL_CHUNK = 8
@@ -57,7 +58,7 @@ def _cuda_model(checkpoint, dtype=torch.float32):
 
 @pytest.fixture(scope="module")
 def methods(checkpoint):
-    return export_methods(_cuda_model(checkpoint), PREFILL_CHUNK)
+    return CUDA.export_methods(_cuda_model(checkpoint), PREFILL_CHUNK)
 
 
 def _gdn_ops(program) -> list[str]:
@@ -121,7 +122,7 @@ def test_both_methods_update_the_same_state_buffers(checkpoint, decomposed):
 
 @directly
 def test_bf16_methods_keep_the_recurrent_state_fp32(checkpoint):
-    program = export_methods(_cuda_model(checkpoint, torch.bfloat16), 4)["decode"]
+    program = CUDA.export_methods(_cuda_model(checkpoint, torch.bfloat16), 4)["decode"]
     dtypes = {name: tensor.dtype for name, tensor in program.state_dict.items()}
     dtypes.update({name: tensor.dtype for name, tensor in program.constants.items()})
     assert {dtype for name, dtype in dtypes.items() if name.endswith("recurrent_state")} == {torch.float32}
@@ -130,7 +131,7 @@ def test_bf16_methods_keep_the_recurrent_state_fp32(checkpoint):
 
 @directly
 def test_prefill_chunk_of_one_exports_decode_alone(checkpoint):
-    assert sorted(export_methods(_cuda_model(checkpoint), 1)) == ["decode"]
+    assert sorted(CUDA.export_methods(_cuda_model(checkpoint), 1)) == ["decode"]
 
 
 # In a child under Triton's interpreter: both programs with ONE set of state buffers (the CUDA
@@ -213,19 +214,6 @@ def test_runner_feeds_chunks_to_prefill_and_single_tokens_to_decode():
 # --- the runtime's loader, lowering and source folder ------------------------------------------
 
 
-def _fake_program(path: Path, delegate: bytes) -> Path:
-    """Bytes laid out as a .pte's head: root offset, "ET12", an extended header, then ``delegate``."""
-    body = b"\0" * 40 + delegate + b"\0" * 24
-    header = b"eh00" + (32).to_bytes(4, "little") + (8 + 32 + len(body)).to_bytes(8, "little") + bytes(16)
-    path.write_bytes((0).to_bytes(4, "little") + b"ET12" + header + body)
-    return path
-
-
-def test_program_delegates_are_read_from_the_program(tmp_path):
-    assert executorch_runtime.program_uses_cuda_backend(_fake_program(tmp_path / "a.pte", b"CudaBackend"))
-    assert not executorch_runtime.program_uses_cuda_backend(_fake_program(tmp_path / "b.pte", b"XnnpackBackend"))
-
-
 def test_missing_runtime_library_is_one_clear_error(tmp_path, monkeypatch):
     missing = tmp_path / "nowhere" / "libgdn_executorch_cuda.so"
     monkeypatch.setenv(executorch_runtime.ENV_VAR, str(missing))
@@ -240,15 +228,6 @@ def test_missing_runtime_library_is_one_clear_error(tmp_path, monkeypatch):
 def test_default_runtime_library_is_in_the_build_folder(monkeypatch):
     monkeypatch.delenv(executorch_runtime.ENV_VAR, raising=False)
     assert executorch_runtime.library_path() == REPO_ROOT / "build" / "cuda_runtime" / "libgdn_executorch_cuda.so"
-
-
-def test_runner_says_a_cuda_program_needs_the_runtime(tmp_path, monkeypatch):
-    from gdn_export.runner import ProgramRunner, RunnerError
-
-    monkeypatch.setenv(executorch_runtime.ENV_VAR, str(tmp_path / "libgdn_executorch_cuda.so"))
-    monkeypatch.setattr(executorch_runtime, "_loaded", None)
-    with pytest.raises(RunnerError, match="runs on CUDA: ExecuTorch CUDA runtime: no library at .*make cuda-runtime"):
-        ProgramRunner(_fake_program(tmp_path / "model.pte", b"CudaBackend"))
 
 
 def test_lowering_without_the_built_runtime_is_one_clear_error(tmp_path, monkeypatch):

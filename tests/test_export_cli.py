@@ -84,7 +84,7 @@ def test_bad_flag_values(checkpoint, tmp_path, capsys, flags, message):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of machines without a CUDA GPU")
 def test_cuda_backend_without_a_gpu_says_so_before_loading(checkpoint, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(loading, "load_qwen35", _must_not_load)
+    monkeypatch.setattr(loading, "load_model", _must_not_load)
     output = tmp_path / "model.pte"
     assert export_main(["--checkpoint", str(checkpoint), "--output", str(output), "--backend", "cuda"]) == 1
     error_lines = capsys.readouterr().err.strip().splitlines()
@@ -94,7 +94,7 @@ def test_cuda_backend_without_a_gpu_says_so_before_loading(checkpoint, tmp_path,
 
 @pytest.mark.skipif(platform.system() == "Darwin", reason="checks the error of machines other than Macs")
 def test_metal_backend_off_macos_says_so_before_loading(checkpoint, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(loading, "load_qwen35", _must_not_load)
+    monkeypatch.setattr(loading, "load_model", _must_not_load)
     output = tmp_path / "model.pte"
     assert export_main(["--checkpoint", str(checkpoint), "--output", str(output), "--backend", "metal"]) == 1
     error_lines = capsys.readouterr().err.strip().splitlines()

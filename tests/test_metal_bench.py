@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gdn_export.bench import cli, metal
+from gdn_bench import cli, metal
+from gdn_export.backends import get_backend
 from gdn_export.ops.conformance import OpCase
-from metal_backend import lowering
 
 
 def test_refuses_clearly_without_apple_gpu(capsys):
-    if lowering.unavailable_reason() is None:
+    if get_backend("metal").unavailable_reason() is None:
         pytest.skip("this machine has an Apple GPU: the benchmark runs instead")
     assert cli.main(["metal", "--batches", "1", "--lengths", "16"]) == 2
     assert "gdn-bench metal needs a Mac with an Apple-silicon GPU" in capsys.readouterr().err

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from gdn_export import load_qwen35, rewrite
+from gdn_export.backends import get_backend
 from gdn_export.models.qwen35 import GatedDeltaNet
 from gdn_export.passes import FusedOpRecurrence
 from gdn_export.tiny import make_tiny_checkpoint
@@ -99,7 +100,7 @@ def test_emulated_metal_model_matches_the_pytorch_model(checkpoint):
 
 
 def test_lower_to_metal_refuses_off_macos(exported):
-    if lowering.unavailable_reason() is None:
+    if get_backend("metal").unavailable_reason() is None:
         pytest.skip("this machine can lower for Metal")
     with pytest.raises(RuntimeError, match="--backend metal lowers only on macOS"):
         lowering.lower_to_metal(exported, metadata={})

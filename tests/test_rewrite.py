@@ -8,10 +8,10 @@ import torch
 import cuda_backend  # noqa: F401  (defines torch.ops.gdn_cuda, the CUDA rewrite's ops)
 from gdn_export.loading import load_qwen35
 from gdn_export.models.qwen35 import GatedAttention, GatedDeltaNet, MaskedCacheAttention, PerTokenRecurrence
-from gdn_export.ops import runtime_ops_available
-from gdn_export.passes import RECURRENCES, FusedOpRecurrence, InplaceOpRecurrence, register_recurrence, rewrite
-from gdn_export.passes.attention import CachedAttentionOp
-from gdn_export.passes.cuda import CudaFusedRecurrence
+from cuda_backend.recurrence import CudaFusedRecurrence
+from gdn_export import backends
+from gdn_export.passes import CachedAttentionOp, FusedOpRecurrence, InplaceOpRecurrence, rewrite
+from runtime_ops.loader import is_loaded as runtime_ops_available
 from gdn_export.tiny import MODEL_VOCAB_SIZE, make_tiny_checkpoint
 
 MAX_SEQ_LEN = 32
@@ -99,20 +99,38 @@ def test_non_float32_caches_keep_the_masked_attention(checkpoint):
 
 def test_unknown_backend_is_rejected_with_the_valid_names(checkpoint):
     model = load_qwen35(checkpoint, max_seq_len=8)
-    with pytest.raises(ValueError, match=r"unknown backend 'vulkan'; expected one of \['cuda', 'metal', 'portable', "
-                                         r"'xnnpack'\]"):
+    with pytest.raises(ValueError, match=r"unknown backend 'vulkan'; expected one of xnnpack, portable, cuda, metal"):
         rewrite(model, backend="vulkan")
     assert all(isinstance(layer.recurrence, PerTokenRecurrence) for layer in linear_attention_layers(model))
 
 
-def test_register_recurrence_adds_a_backend(checkpoint, monkeypatch):
-    class Marked(InplaceOpRecurrence):
-        pass
+class MarkedRecurrence(InplaceOpRecurrence):
+    pass
 
-    monkeypatch.setattr("gdn_export.passes.recurrence.RECURRENCES", dict(RECURRENCES))
-    register_recurrence("my_gpu", Marked)
-    model = rewrite(load_qwen35(checkpoint, max_seq_len=8), backend="my_gpu")
-    assert all(type(layer.recurrence) is Marked for layer in linear_attention_layers(model))
+
+class MyGpuBackend(backends.Backend):
+    name = "my_gpu"
+
+    def recurrence(self):
+        return MarkedRecurrence()
+
+
+MY_GPU = MyGpuBackend()
+
+
+def test_a_registered_backend_is_found_by_name(checkpoint, monkeypatch):
+    """A new backend is one entry point: the registry imports it by name, rewrite uses it."""
+    entries = {**backends._entry_points(backends.BACKENDS_GROUP), "my_gpu": f"{__name__}:MY_GPU"}
+    monkeypatch.setattr(backends, "_entry_points", lambda group: entries)
+    backends.get_backend.cache_clear()
+    try:
+        assert backends.backend_names()[-1] == "my_gpu"
+        model = rewrite(load_qwen35(checkpoint, max_seq_len=8), backend="my_gpu")
+    finally:
+        backends.get_backend.cache_clear()
+    assert all(type(layer.recurrence) is MarkedRecurrence for layer in linear_attention_layers(model))
+    # Its attention is the model's own (the Backend default).
+    assert all(type(layer.attend) is MaskedCacheAttention for layer in full_attention_layers(model))
 
 
 # ---------------------------------------------------------------- graph selection

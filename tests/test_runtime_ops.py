@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from gdn_export.ops import contract, reference, runtime_ops_available
+from gdn_export.ops import contract, reference
 from gdn_export.ops.conformance import OpCase, make_inputs, relative_error
 from runtime_ops import loader
 from runtime_ops.build import ATEN_LIBRARY_NAME
@@ -27,7 +27,7 @@ def fresh_inputs(**case_fields):
 
 
 def test_cpu_dispatch_runs_the_cpp_kernel():
-    assert runtime_ops_available(), f"no C++ kernels at {loader.library_path()}: run python -m runtime_ops.build"
+    assert loader.is_loaded(), f"no C++ kernels at {loader.library_path()}: run python -m runtime_ops.build"
     for op in ("gated_delta_rule", "gated_delta_rule.out"):
         table = torch._C._dispatch_dump_table(f"gdn::{op}")
         cpu_line = next(line for line in table.splitlines() if line.startswith("CPU:"))
@@ -199,8 +199,9 @@ def test_missing_library_keeps_the_reference_and_names_the_path(tmp_path):
         "import warnings, torch\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
-        "    from gdn_export.ops import runtime_ops_available\n"
-        "assert not runtime_ops_available()\n"
+        "    import gdn_export\n"
+        "from runtime_ops import loader\n"
+        "assert not loader.is_loaded()\n"
         "print([str(w.message) for w in caught if 'runtime ops' in str(w.message)][0])\n"
         "q = torch.randn(1, 3, 1, 4); v = torch.randn(1, 3, 1, 4)\n"
         "out, state = torch.ops.gdn.gated_delta_rule(q, q, v, -torch.rand(1, 3, 1), torch.rand(1, 3, 1),"

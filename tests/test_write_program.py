@@ -13,7 +13,7 @@ import torch
 from executorch.exir import ExecutorchBackendConfig, to_edge
 from executorch.runtime import Runtime
 
-from gdn_export.export import write_program
+from gdn_export.lowering import write_program
 
 
 def _manager(model: torch.nn.Module, example: torch.Tensor, external: bool):

@@ -1,5 +1,6 @@
-"""Every launch variant of the chunked kernels that ``gdn-bench cuda --chunked-sweep`` times,
-checked against the fp64 reference first (a variant that is fast but wrong is no variant).
+"""Every launch shape of the chunked kernels in ``cuda_backend.LAUNCH_SHAPE_SWEEPS`` (what
+``gdn-bench cuda --chunked-sweep`` times), checked against the fp64 reference first (a variant
+that is fast but wrong is no variant).
 
     python -m cuda_backend.device.chunked_variants     (on a CUDA machine)
 """
@@ -13,9 +14,7 @@ import torch
 
 
 def main() -> int:
-    import cuda_backend  # noqa: F401
-    from cuda_backend.triton_ops import run_chunked
-    from gdn_export.bench.cuda import CHUNKED_SWEEP
+    import cuda_backend
     from gdn_export.ops import reference
     from gdn_export.ops.conformance import OpCase, make_inputs, relative_error
 
@@ -33,17 +32,17 @@ def main() -> int:
         inputs = make_inputs(case, torch.Generator().manual_seed(1), device="cuda")
         args = [t.to(torch.float64) for t in inputs.as_args()]
         expected_output, expected_state = reference.chunked_gated_delta_rule(*args, use_qk_l2norm=True)
-        for tuning in ({},) + CHUNKED_SWEEP:
+        for launch_shape in ({},) + cuda_backend.LAUNCH_SHAPE_SWEEPS["chunked"]:
             query, key, value, g, beta, initial_state = inputs.as_args()
             in_place = case.length != 64
             state = initial_state.clone() if in_place else torch.full_like(initial_state, float("nan"))
             output = torch.full_like(value, float("nan"))
             try:
-                run_chunked(query, key, value, g, beta, state if in_place else initial_state, state, output,
-                            scale=case.key_dim ** -0.5, use_qk_l2norm=True, tuning=tuning)
+                cuda_backend.launch_kernel("chunked", query, key, value, g, beta, state if in_place else initial_state,
+                                           state, output, use_qk_l2norm=True, launch_shape=launch_shape)
                 torch.cuda.synchronize()
             except Exception as error:  # noqa: BLE001  (a launch shape that does not fit is reported)
-                print(f"{case.name} {tuning}: ERROR {type(error).__name__}: {str(error)[:200]}", flush=True)
+                print(f"{case.name} {launch_shape}: ERROR {type(error).__name__}: {str(error)[:200]}", flush=True)
                 failed += 1
                 if isinstance(error, torch.AcceleratorError):
                     return 1  # a CUDA error poisons the context: nothing after it can be trusted
@@ -51,7 +50,7 @@ def main() -> int:
             errors = relative_error(output, expected_output), relative_error(state, expected_state)
             bad = max(errors) > case.tolerance
             failed += bad
-            print(f"{case.name} {tuning}: output {errors[0]:.2e} state {errors[1]:.2e}{'  FAIL' if bad else ''}",
+            print(f"{case.name} {launch_shape}: output {errors[0]:.2e} state {errors[1]:.2e}{'  FAIL' if bad else ''}",
                   flush=True)
     return 1 if failed else 0
 

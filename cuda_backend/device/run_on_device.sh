@@ -7,7 +7,8 @@
 #   conformance: the conformance table's op-cuda rows (107 cases; each compiles its own kernel
 #          variants on a fresh machine, so it takes a call of its own, on 6 pytest-xdist workers:
 #          one at a time does not fit in 10 minutes, and 12 workers ran the GPU out of memory)
-#   variants: every chunked-kernel launch variant of gdn-bench's --chunked-sweep against the fp64 reference
+#   variants: every chunked launch shape of cuda_backend.LAUNCH_SHAPE_SWEEPS (what gdn-bench cuda
+#          --chunked-sweep times) against the fp64 reference
 #   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
 #   lower: export_qwen35 --backend cuda on a tiny checkpoint: the .pte + .ptd through ExecuTorch's
@@ -18,6 +19,7 @@
 #          with --prefill-chunk 4), runs it in that runtime (gdn-run too) and compares with
 #          transformers' generate, and prompts in chunks with one prefill
 #   e2e-models: the same for the MoE and Hv/Hk = 3 checkpoints (fp32) and the dense one in bf16
+#   e2e-all: both in one call (the dense fp32 export alone first, the other four at once)
 # WHEELS names the wheel folder (default .whl).
 set -uo pipefail
 OUT=${OUT:-build/cuda_device}
@@ -55,16 +57,16 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64)" "$OUT/tiny" > "$OUT/lower
       rm -rf "$OUT/tiny"
       grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/lower.log" | tail -12
       ls -l "$OUT"/*.pte "$OUT"/*.ptd 2>/dev/null ;;
-    e2e|e2e-models)
+    e2e|e2e-models|e2e-all)
       started=$SECONDS
       echo "c++: $(command -v "${CXX:-g++}") $("${CXX:-g++}" --version | head -1); nvcc: $(command -v nvcc)"
       python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
           2>&1 | tee "$OUT/e2e_build.log" || { status=1; continue; }
       echo "runtime built in $((SECONDS - started)) s"
-      python3 -X faulthandler -m cuda_backend.device.e2e_check "$OUT" --set "$([ "$step" = e2e ] && echo core || echo models)" \
+      python3 -X faulthandler -m cuda_backend.device.e2e_check "$OUT" --set "$(case $step in e2e) echo core;; e2e-models) echo models;; *) echo all;; esac)" \
           --deadline-s "${E2E_DEADLINE_S:-$((550 - SECONDS))}" || status=1 ;;
     bench)
-      python3 -m gdn_export.bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
+      python3 -m gdn_bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
           --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;
   esac
 done

@@ -5,7 +5,7 @@
 prints the path of ``gdn_cpp_runner`` (``gdn_cpp_tokenize`` sits beside it), or
 exits 1 saying why it cannot be built here (no cmake, no C++ compiler, a wheel
 without the C++ runtime, a compile error). Rebuilding is incremental, and each
-call configures again, so a ``runtime_ops/lib/libgdn_runtime_ops.so`` built
+call configures again, so a ``build/runtime_ops/lib/libgdn_runtime_ops.so`` built
 since the last call gets linked in.
 """
 
@@ -23,7 +23,7 @@ REPO_ROOT = SOURCE_DIR.parents[1]
 DEFAULT_BUILD_DIR = REPO_ROOT / "build" / "cpp_runner"
 RUNNER_NAME = "gdn_cpp_runner"
 TOKENIZE_NAME = "gdn_cpp_tokenize"
-GDN_RUNTIME_OPS_LIBRARY = REPO_ROOT / "runtime_ops" / "lib" / (
+GDN_RUNTIME_OPS_LIBRARY = REPO_ROOT / "build" / "runtime_ops" / "lib" / (
     "libgdn_runtime_ops.dylib" if sys.platform == "darwin" else "libgdn_runtime_ops.so"
 )
 

@@ -266,7 +266,7 @@ class LlmProgram {
     std::string hint;
     if (error == Error::OperatorMissing) {
       hint = kGdnOpsLinked ? " (an operator of the program has no kernel in this runner)"
-                           : " (this runner was built without runtime_ops/lib/libgdn_runtime_ops.so, which "
+                           : " (this runner was built without build/runtime_ops/lib/libgdn_runtime_ops.so, which "
                              "gdn:: operators need: build that, then rebuild the runner)";
     }
     fail(doing + " failed with ExecuTorch " + executorch::runtime::to_string(error) + hint);

@@ -57,8 +57,9 @@ INPLACE_OUT_SCHEMA = f"gated_delta_rule_inplace.out({_INPLACE_ARGS}, Tensor(b!) 
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
-# Sequences at least this long go through the chunked form of the reference.
-_CHUNKED_MIN_LENGTH = 16
+# Sequences at least this long take the chunked form, in the reference and in the kernels
+# that have both forms (below it the per-token walk does less work).
+CHUNKED_MIN_LENGTH = 16
 
 
 def _shape(t: torch.Tensor) -> list:
@@ -153,7 +154,7 @@ def reference_gated_delta_rule(
     check_inputs(query, key, value, g, beta, initial_state, scale)
     form = (
         reference.chunked_gated_delta_rule
-        if query.shape[1] >= _CHUNKED_MIN_LENGTH
+        if query.shape[1] >= CHUNKED_MIN_LENGTH
         else reference.recurrent_gated_delta_rule
     )
     output, final_state = form(

@@ -1,38 +1,32 @@
-"""Swap each Gated DeltaNet layer's per-token recurrence for a ``gdn`` op.
+"""Give each layer of the model its backend's form of the recurrence and the attention.
 
 The model delegates its recurrence to a ``recurrence`` submodule called as
 ``recurrence(mixed_qkv, a, b, A_log, dt_bias, recurrent_state) -> [B, T, Hv, Dv]``
-that leaves the final state in ``recurrent_state``. ``rewrite`` replaces it,
-per backend, with a module that calls one op and updates the state buffer in
-place, so the exported program neither loops over tokens nor copies the state:
+that leaves the final state in ``recurrent_state``, and its full attention to
+an ``attend`` submodule. ``rewrite`` asks the backend (``gdn_export.backends``)
+for a module of each and puts it in place, so the exported program neither
+loops over tokens nor copies the state.
 
-* ``portable``, ``xnnpack``: split and gate in PyTorch, then
-  ``gdn::gated_delta_rule_inplace`` (the C++ CPU kernel registers it);
-* ``cuda``: ``cuda_backend``'s fused Triton ops (``gdn_cuda::fused_recurrent_*``
-  for one token, ``gdn_cuda::fused_chunked_*`` otherwise; see
-  ``gdn_export.passes.cuda``). They are ``triton_op``s, which AOTInductor
-  compiles into the CudaBackend program; ``gdn::fused_gated_delta_rule`` is not
-  (its CUDA kernel is a PyTorch registration that a program cannot call);
-* ``metal``: ``gdn::fused_gated_delta_rule``, which the Metal backend maps to
-  its C shim.
+The modules here call the ``gdn`` ops, and backends pick among them:
 
-The fused ops' kernels also do the q/k/v split, L2 norm, head repeat and gating.
+* ``InplaceOpRecurrence``: split and gate in PyTorch, then
+  ``gdn::gated_delta_rule_inplace`` (the CPU backends' C++ kernel);
+* ``FusedOpRecurrence``: ``gdn::fused_gated_delta_rule``, whose kernels also
+  do the q/k/v split, L2 norm, head repeat and gating (Metal maps it to its C shim);
+* ``CachedAttentionOp``: ``gdn::cached_attention``, which reads the position
+  from ``input_pos`` and attends only over the cache written so far, where
+  the model's masked form multiplies against all ``max_seq_len`` positions.
 
-A backend adds or overrides an entry with ``register_recurrence``. On the CPU
-backends ``rewrite`` also gives the full-attention layers ``gdn::cached_attention``
-(see ``gdn_export.passes.attention``).
+A backend may bring its own (CUDA's Triton ops live in ``cuda_backend``).
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 from torch import nn
 
-from gdn_export.models.qwen35 import GatedDeltaNet
-from gdn_export.passes.attention import swap_attention
-from gdn_export.passes.cuda import CudaFusedRecurrence
+from gdn_export.backends import get_backend
+from gdn_export.models.qwen35 import GatedAttention, GatedDeltaNet
 from gdn_export.ops.fused import gating, split_heads  # importing gdn_export.ops defines torch.ops.gdn
 
 
@@ -52,25 +46,21 @@ class FusedOpRecurrence(nn.Module):
         return torch.ops.gdn.fused_gated_delta_rule(mixed_qkv, a, b, A_log, dt_bias, state)
 
 
-# Backend name (as in ``export_qwen35 --backend``) -> factory of its recurrence module.
-RECURRENCES: dict[str, Callable[[], nn.Module]] = {
-    "portable": InplaceOpRecurrence,
-    "xnnpack": InplaceOpRecurrence,
-    "cuda": CudaFusedRecurrence,
-    "metal": FusedOpRecurrence,
-}
+class CachedAttentionOp(nn.Module):
+    """``GatedAttention.attend`` through ``gdn::cached_attention``: the mask is implied by the position."""
 
-
-def register_recurrence(backend: str, factory: Callable[[], nn.Module]) -> None:
-    """Use ``factory()`` as the recurrence module for ``backend`` (new or overriding)."""
-    RECURRENCES[backend] = factory
+    def forward(self, query, k_cache, v_cache, positions, mask):
+        return torch.ops.gdn.cached_attention(query, k_cache, v_cache, positions[:1])
 
 
 def rewrite(model: nn.Module, backend: str) -> nn.Module:
-    """Give every Gated DeltaNet layer of ``model`` the recurrence module of ``backend``; returns ``model``."""
-    if backend not in RECURRENCES:
-        raise ValueError(f"unknown backend {backend!r}; expected one of {sorted(RECURRENCES)}")
+    """Give every layer of ``model`` the recurrence and attention of ``backend`` (a name); returns ``model``."""
+    chosen = get_backend(backend)
     for module in model.modules():
         if isinstance(module, GatedDeltaNet):
-            module.recurrence = RECURRENCES[backend]()
-    return swap_attention(model, backend)
+            module.recurrence = chosen.recurrence()
+        elif isinstance(module, GatedAttention):
+            attend = chosen.attention(module)
+            if attend is not None:
+                module.attend = attend
+    return model

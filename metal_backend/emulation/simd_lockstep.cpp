@@ -8,9 +8,12 @@
 #include <setjmp.h>
 #include <ucontext.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -53,6 +56,20 @@ struct ThreadgroupRun {
 };
 
 thread_local ThreadgroupRun* active_run = nullptr;
+thread_local ExecutionOrder execution_order = ExecutionOrder::kInOrder;
+thread_local uint64_t execution_seed = 0;
+
+// 0..count-1 in the execution order (`random` drives a shuffle).
+std::vector<uint32_t> ordered_indices(uint32_t count, std::mt19937_64& random) {
+  std::vector<uint32_t> indices(count);
+  std::iota(indices.begin(), indices.end(), 0u);
+  if (execution_order == ExecutionOrder::kReversed) {
+    std::reverse(indices.begin(), indices.end());
+  } else if (execution_order == ExecutionOrder::kShuffled) {
+    std::shuffle(indices.begin(), indices.end(), random);
+  }
+  return indices;
+}
 
 void yield_to_scheduler() {
   ThreadgroupRun& run = *active_run;
@@ -93,7 +110,8 @@ void rendezvous(Rendezvous& point, int participants, int slot, const void* value
   }
 }
 
-void run_threadgroup(ThreadgroupRun& run, Dim3 threadgroup, Dim3 threads_per_threadgroup) {
+void run_threadgroup(ThreadgroupRun& run, Dim3 threadgroup, Dim3 threads_per_threadgroup,
+                     std::mt19937_64& random) {
   const uint32_t count =
       threads_per_threadgroup.x * threads_per_threadgroup.y * threads_per_threadgroup.z;
   run.simdgroups.assign(count / kSimdWidth, Rendezvous{});
@@ -121,7 +139,7 @@ void run_threadgroup(ThreadgroupRun& run, Dim3 threadgroup, Dim3 threads_per_thr
   while (unfinished > 0) {
     const uint64_t progress_before = run.progress;
     unfinished = 0;
-    for (uint32_t index = 0; index < count; ++index) {
+    for (uint32_t index : ordered_indices(count, random)) {
       if (run.fibers[index].finished) continue;
       run.current = static_cast<int>(index);
       Fiber& fiber = run.fibers[index];
@@ -159,15 +177,23 @@ void dispatch_threadgroups(Dim3 threadgroups, Dim3 threads_per_threadgroup,
   for (Fiber& fiber : run.fibers) fiber.stack.reset(new char[kFiberStackBytes]);
   ThreadgroupRun* outer = active_run;
   active_run = &run;
+  std::mt19937_64 random(execution_seed);
   try {
-    for (uint32_t z = 0; z < threadgroups.z; ++z)
-      for (uint32_t y = 0; y < threadgroups.y; ++y)
-        for (uint32_t x = 0; x < threadgroups.x; ++x) run_threadgroup(run, {x, y, z}, threads_per_threadgroup);
+    const uint32_t columns = threadgroups.x, rows = threadgroups.y;
+    for (uint32_t linear : ordered_indices(columns * rows * threadgroups.z, random)) {
+      const Dim3 threadgroup{linear % columns, (linear / columns) % rows, linear / (columns * rows)};
+      run_threadgroup(run, threadgroup, threads_per_threadgroup, random);
+    }
   } catch (...) {
     active_run = outer;
     throw;
   }
   active_run = outer;
+}
+
+void set_execution_order(ExecutionOrder order, uint64_t seed) {
+  execution_order = order;
+  execution_seed = seed;
 }
 
 void exchange_in_simdgroup(const void* value, size_t size, void* all_lanes) {

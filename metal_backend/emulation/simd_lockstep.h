@@ -31,6 +31,17 @@ struct ThreadPosition {
   uint32_t simdgroups_per_threadgroup;
 };
 
+// The order the emulator runs work in, which a correct kernel cannot depend
+// on (a GPU runs threadgroups concurrently, in no set order, and its lanes
+// free between SIMD-group operations): threadgroups in grid order (x fastest)
+// or its reverse or a seeded shuffle, and likewise the threads of a
+// threadgroup in each scheduling round (between rendezvous points); a shuffle
+// draws a fresh permutation for every threadgroup and every round.
+enum class ExecutionOrder : int { kInOrder = 0, kReversed = 1, kShuffled = 2 };
+
+// Applies to the dispatches that follow on the calling OS thread.
+void set_execution_order(ExecutionOrder order, uint64_t seed);
+
 // Runs `kernel` once per thread of every threadgroup of the grid.
 // Threads per threadgroup must be a multiple of the SIMD width.
 // Throws std::runtime_error on a deadlock or when `kernel` throws.

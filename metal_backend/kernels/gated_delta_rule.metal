@@ -9,11 +9,13 @@
 // Work split. A threadgroup owns one (batch, value head) and a block of value
 // columns; each SIMD group owns 4 adjacent columns (one float4 per state row)
 // and its 32 lanes split the Dk key rows: lane l holds rows l, l + 32, ...
-// Every dot product over Dk (S^T k, S^T q, |k|^2, |q|^2) is a per-lane partial
-// sum finished by one simd_sum, so no threadgroup memory or barrier is needed.
+// Every dot product over Dk (S^T k, S^T q, and |q|^2 with |k|^2 together) is a
+// per-lane partial sum finished by one simd_sum, so no threadgroup memory or
+// barrier is needed.
 //
 // This file is also compiled as C++ by the Linux emulation harness
-// (metal_backend/emulation/): keep to what its metal_stdlib provides.
+// (metal_backend/emulation/) and as CUDA by metal_backend/device/: keep to
+// what their metal_stdlib headers provide.
 
 #include <metal_stdlib>
 #include "gated_delta_rule_params.h"
@@ -42,11 +44,17 @@ inline void store_columns(device T* base, int stride, float4 columns, uint lane)
   }
 }
 
+// This lane's rows of the SIMD group's [Dk, 4] block of the state. When the 4
+// columns are adjacent (column stride 1: the op contract's packed state) a row
+// is one vector load or store; packed_float4 asks only the 4-byte alignment
+// every float32 view has. The branch is uniform over the whole dispatch.
 template <int Rows>
 inline void load_state(thread float4* state, const device float* base, int row_stride,
                        int column_stride, uint lane) {
   for (int j = 0; j < Rows; ++j) {
-    state[j] = load_columns(base + (int(lane) + j * kSimdWidth) * row_stride, column_stride);
+    const device float* row = base + (int(lane) + j * kSimdWidth) * row_stride;
+    state[j] = column_stride == 1 ? float4(*(const device packed_float4*)row)
+                                  : load_columns(row, column_stride);
   }
 }
 
@@ -55,8 +63,12 @@ inline void store_state(const thread float4* state, device float* base, int row_
                         int column_stride, uint lane) {
   for (int j = 0; j < Rows; ++j) {
     device float* row = base + (int(lane) + j * kSimdWidth) * row_stride;
-    for (int c = 0; c < kColumnsPerSimdgroup; ++c) {
-      row[c * column_stride] = state[j][c];
+    if (column_stride == 1) {
+      *(device packed_float4*)row = packed_float4(state[j]);
+    } else {
+      for (int c = 0; c < kColumnsPerSimdgroup; ++c) {
+        row[c * column_stride] = state[j][c];
+      }
     }
   }
 }
@@ -69,40 +81,45 @@ inline void load_rows(thread float* rows, const device T* base, int stride, uint
   }
 }
 
-// x * rsqrt(sum(x^2) + eps) over all Dk rows of the SIMD group, times `scale`.
+// The factors that turn this token's raw query and key rows into the
+// recurrence's q (L2-normalized, times `scale`) and k (L2-normalized): both
+// squared norms come from one simd_sum, and the factors scale the reduced dot
+// products (delta_rule_step) instead of every row.
 template <int Rows>
-inline void normalize_rows(thread float* rows, bool l2_normalize, float scale) {
-  float factor = scale;
-  if (l2_normalize) {
-    float partial = 0.0f;
-    for (int j = 0; j < Rows; ++j) {
-      partial += rows[j] * rows[j];
-    }
-    factor *= precise::rsqrt(simd_sum(partial) + GDN_L2NORM_EPS);
+inline float2 query_key_factors(const thread float* query, const thread float* key,
+                                bool l2_normalize, float scale) {
+  if (!l2_normalize) {
+    return float2(scale, 1.0f);
   }
+  float2 partial = float2(0.0f);
   for (int j = 0; j < Rows; ++j) {
-    rows[j] *= factor;
+    partial += float2(query[j] * query[j], key[j] * key[j]);
   }
+  const float2 squared_norms = simd_sum(partial);
+  return float2(scale * precise::rsqrt(squared_norms.x + GDN_L2NORM_EPS),
+                precise::rsqrt(squared_norms.y + GDN_L2NORM_EPS));
 }
 
-// One token of the recurrence on this SIMD group's [Dk, 4] block of the state:
+// One token of the recurrence on this SIMD group's [Dk, 4] block of the state,
+// with q = factors.x * query and k = factors.y * key:
 // S *= decay; u = beta (v - S^T k); S += k u^T; returns o = S^T q.
 template <int Rows>
 inline float4 delta_rule_step(thread float4* state, const thread float* key,
-                              const thread float* query, const thread float* decay,
-                              float4 value, float beta) {
+                              const thread float* query, float2 factors,
+                              const thread float* decay, float4 value, float beta) {
   float4 predicted = float4(0.0f);
   for (int j = 0; j < Rows; ++j) {
     state[j] *= decay[j];
     predicted += state[j] * key[j];
   }
-  const float4 update = beta * (value - simd_sum(predicted));
+  const float4 update = beta * (value - factors.y * simd_sum(predicted));
+  const float4 key_scaled_update = factors.y * update;
   float4 output = float4(0.0f);
   for (int j = 0; j < Rows; ++j) {
-    state[j] += key[j] * update;
+    state[j] += key[j] * key_scaled_update;
     output += state[j] * query[j];
   }
-  return simd_sum(output);
+  return factors.x * simd_sum(output);
 }
 
 template <typename T, int KeyDim>
@@ -147,8 +164,8 @@ template <typename T, int KeyDim>
                         query + batch * p.query_strides[0] + t * p.query_strides[1] +
                             key_head * p.query_strides[2],
                         p.query_strides[3], lane);
-    normalize_rows<kRows>(key_rows, p.use_qk_l2norm != 0, 1.0f);
-    normalize_rows<kRows>(query_rows, p.use_qk_l2norm != 0, p.scale);
+    const float2 factors =
+        query_key_factors<kRows>(query_rows, key_rows, p.use_qk_l2norm != 0, p.scale);
 
     const device T* gate =
         g + batch * p.g_strides[0] + t * p.g_strides[1] + head * p.g_strides[2];
@@ -170,7 +187,7 @@ template <typename T, int KeyDim>
         p.value_strides[3]);
 
     const float4 output_t =
-        delta_rule_step<kRows>(state, key_rows, query_rows, decay, value_t, beta_t);
+        delta_rule_step<kRows>(state, key_rows, query_rows, factors, decay, value_t, beta_t);
     store_columns(output + batch * p.output_strides[0] + t * p.output_strides[1] +
                       head * p.output_strides[2] + column * p.output_strides[3],
                   p.output_strides[3], output_t, lane);
@@ -231,8 +248,7 @@ template <typename T, typename ParamT, int KeyDim>
     float decay[kRows];
     load_rows<T, kRows>(key_rows, token + key_channel * channel_stride, channel_stride, lane);
     load_rows<T, kRows>(query_rows, token + query_channel * channel_stride, channel_stride, lane);
-    normalize_rows<kRows>(key_rows, true, 1.0f);
-    normalize_rows<kRows>(query_rows, true, p.scale);
+    const float2 factors = query_key_factors<kRows>(query_rows, key_rows, true, p.scale);
 
     const float a_t = float(a[batch * p.a_strides[0] + t * p.a_strides[1] + head * p.a_strides[2]]);
     const float b_t = float(b[batch * p.b_strides[0] + t * p.b_strides[1] + head * p.b_strides[2]]);
@@ -244,7 +260,8 @@ template <typename T, typename ParamT, int KeyDim>
     const float4 value_t = load_columns(token + value_channel * channel_stride, channel_stride);
 
     const float4 output_t =
-        delta_rule_step<kRows>(state_rows, key_rows, query_rows, decay, value_t, beta_t);
+        delta_rule_step<kRows>(state_rows, key_rows, query_rows, factors, decay, value_t,
+                                beta_t);
     store_columns(output + batch * p.output_strides[0] + t * p.output_strides[1] +
                       head * p.output_strides[2] + column * p.output_strides[3],
                   p.output_strides[3], output_t, lane);

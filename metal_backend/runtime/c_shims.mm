@@ -87,10 +87,10 @@ AOTITorchError aoti_torch_mps_gated_delta_rule_inplace(
         planned_output(value_view.dtype, value_view.sizes[0], value_view.sizes[1],
                        value_view.sizes[2], value_view.sizes[3]);
     const TensorView state_view = tensor_view("state", *tensors[5]);
-    const GatedDeltaRuleLaunch launch = plan_gated_delta_rule(
+    const GatedDeltaRuleLaunch launch = plan_gated_delta_rule_inplace(
         tensor_view("query", *tensors[0]), tensor_view("key", *tensors[1]), value_view,
         tensor_view("g", *tensors[3]), tensor_view("beta", *tensors[4]), state_view, output_view,
-        state_view, optional_scale(scale), use_qk_l2norm != 0);
+        optional_scale(scale), use_qk_l2norm != 0);
     AOTITensorHandle output = allocate(output_view);
     tensors[6] = reinterpret_cast<const EtTensor*>(output);
     try {

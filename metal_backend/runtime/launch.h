@@ -127,6 +127,27 @@ inline void check_head_dims(const char* op, int64_t key_dim, int64_t value_dim) 
   }
 }
 
+// ExecuTorch's Metal runtime gives a view whose elements do not tile its
+// extent (a slice with holes) a temporary packed copy of its own
+// (aoti_torch__reinterpret_tensor), so an in-place kernel would update the
+// copy and the caller's state would silently keep its old values. Packed
+// views, permuted ones included, keep the caller's buffer; others are refused.
+inline void expect_packed_in_place_state(const char* op, const TensorView& state) {
+  int64_t elements = 1, extent = 1;
+  for (int64_t d = 0; d < state.ndim; ++d) {
+    elements *= state.sizes[d];
+    if (state.sizes[d] > 1) extent += (state.sizes[d] - 1) * std::llabs(state.strides[d]);
+  }
+  if (elements > 1 && extent != elements) {
+    std::string strides = "[";
+    for (int64_t d = 0; d < state.ndim; ++d) strides += (d ? ", " : "") + std::to_string(state.strides[d]);
+    throw Unsupported(std::string(op) + ": " + state.name + " is updated in place but is a non-packed view " +
+                      "(shape " + shape_string(state) + ", strides " + strides + "]): ExecuTorch's Metal " +
+                      "runtime hands such a view a temporary packed copy, so the update would be lost. " +
+                      "Pass the whole state buffer or a packed view of it");
+  }
+}
+
 inline Dim3 threadgroups_for(int64_t value_dim, int64_t num_v_heads, int64_t batch) {
   return {static_cast<uint32_t>(value_dim / kColumnsPerThreadgroup),
           static_cast<uint32_t>(num_v_heads), static_cast<uint32_t>(batch)};
@@ -248,6 +269,7 @@ inline FusedGatedDeltaRuleLaunch plan_fused_gated_delta_rule(
   expect_dtype(op, dt_bias, A_log.dtype, "A_log's dtype");
   expect_dtype(op, state, static_cast<int32_t>(ScalarType::Float32), "float32");
   check_head_dims(op, key_dim, value_dim);
+  expect_packed_in_place_state(op, state);
 
   FusedGatedDeltaRuleLaunch launch{};
   FusedGatedDeltaRuleParams& p = launch.params;
@@ -269,6 +291,38 @@ inline FusedGatedDeltaRuleLaunch plan_fused_gated_delta_rule(
   launch.plan.threadgroups = threadgroups_for(value_dim, num_v_heads, batch);
   launch.plan.threads_per_threadgroup = {kSimdWidth, kSimdgroupsPerThreadgroup, 1};
   return launch;
+}
+
+// gdn::gated_delta_rule_inplace (the C shim), or the .out form given the same
+// tensor as initial and final state: plan_gated_delta_rule on one state that
+// must also be packed (see detail::expect_packed_in_place_state).
+inline GatedDeltaRuleLaunch plan_gated_delta_rule_inplace(
+    const TensorView& query, const TensorView& key, const TensorView& value, const TensorView& g,
+    const TensorView& beta, const TensorView& state, const TensorView& output,
+    std::optional<double> scale, bool use_qk_l2norm) {
+  GatedDeltaRuleLaunch launch = plan_gated_delta_rule(query, key, value, g, beta, state, output, state,
+                                                      scale, use_qk_l2norm);
+  detail::expect_packed_in_place_state("gdn.gated_delta_rule_inplace (metal)", state);
+  return launch;
+}
+
+// What a compiled pipeline must offer for `plan`: 32-lane SIMD groups (the
+// kernels' simd_sum reductions span 32 lanes; every Apple GPU has them) and room
+// for the planned threadgroup (a pipeline's limit can be below the device's
+// 1024 when the kernel needs many registers).
+inline void check_pipeline_fits(const DispatchPlan& plan, uint64_t max_total_threads_per_threadgroup,
+                                uint64_t thread_execution_width) {
+  const uint64_t planned = uint64_t{plan.threads_per_threadgroup.x} * plan.threads_per_threadgroup.y *
+                           plan.threads_per_threadgroup.z;
+  if (thread_execution_width != kSimdWidth) {
+    throw Unsupported("gdn metal: " + plan.kernel_name + " needs 32-wide SIMD groups, this GPU's pipeline has " +
+                      std::to_string(thread_execution_width));
+  }
+  if (planned > max_total_threads_per_threadgroup) {
+    throw Unsupported("gdn metal: " + plan.kernel_name + " is planned with " + std::to_string(planned) +
+                      " threads per threadgroup, but its pipeline allows at most " +
+                      std::to_string(max_total_threads_per_threadgroup));
+  }
 }
 
 }  // namespace gdn_metal

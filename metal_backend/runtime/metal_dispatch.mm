@@ -16,6 +16,12 @@ using executorch::backends::metal::dispatch_sync_with_rethrow;
 using executorch::backends::metal::get_mtl_buffer;
 using executorch::backends::metal::getCurrentMetalStream;
 
+// An NSError's description for a message; Metal may fail without setting one.
+std::string describe(NSError* error) {
+  if (error == nil || error.localizedDescription == nil) return "no error description";
+  return std::string(error.localizedDescription.UTF8String);
+}
+
 class PipelineCache {
  public:
   id<MTLComputePipelineState> pipeline(id<MTLDevice> device, const std::string& name) {
@@ -30,13 +36,7 @@ class PipelineCache {
     id<MTLComputePipelineState> pipeline = [device newComputePipelineStateWithFunction:function
                                                                                   error:&error];
     if (pipeline == nil) {
-      throw std::runtime_error("gdn metal: pipeline for " + name + " failed: " +
-                               std::string(error.localizedDescription.UTF8String));
-    }
-    // The kernels' reductions assume 32-lane SIMD groups (every Apple GPU).
-    if (pipeline.threadExecutionWidth != kSimdWidth) {
-      throw Unsupported("gdn metal: the kernels need 32-wide SIMD groups, this GPU has " +
-                        std::to_string(pipeline.threadExecutionWidth));
+      throw std::runtime_error("gdn metal: pipeline for " + name + " failed: " + describe(error));
     }
     pipelines_.emplace(name, pipeline);
     return pipeline;
@@ -46,6 +46,20 @@ class PipelineCache {
   static id<MTLLibrary> compile_library(id<MTLDevice> device) {
     MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
     options.languageVersion = MTLLanguageVersion3_1;  // bfloat needs Metal 3.1 (macOS 14)
+    // Fast math (Metal's default) may reassociate sums and assume no inf or
+    // NaN; the conformance tolerances assume IEEE arithmetic, so the library
+    // is compiled in safe mode (macOS 15 names it mathMode, macOS 14
+    // fastMathEnabled), as ExecuTorch's own shader library is.
+#if defined(__MAC_OS_X_VERSION_MAX_ALLOWED) && __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+    if (@available(macOS 15.0, *)) {
+      options.mathMode = MTLMathModeSafe;
+      options.mathFloatingPointFunctions = MTLMathFloatingPointFunctionsPrecise;
+    } else {
+      options.fastMathEnabled = NO;
+    }
+#else
+    options.fastMathEnabled = NO;
+#endif
     NSError* error = nil;
     id<MTLLibrary> library =
         [device newLibraryWithSource:[NSString stringWithUTF8String:kGdnMetalKernelsSource]
@@ -53,7 +67,7 @@ class PipelineCache {
                                error:&error];
     if (library == nil) {
       throw std::runtime_error("gdn metal: compiling gated_delta_rule.metal failed: " +
-                               std::string(error.localizedDescription.UTF8String));
+                               describe(error));
     }
     return library;
   }
@@ -88,6 +102,7 @@ void encode_dispatch(const DispatchPlan& plan, const EtTensor* const* tensors, i
   ETMetalStream* stream = getCurrentMetalStream();
   if (stream == nullptr) throw std::runtime_error("gdn metal: no current Metal stream");
   id<MTLComputePipelineState> pipeline = pipeline_cache().pipeline(stream->device(), plan.kernel_name);
+  check_pipeline_fits(plan, pipeline.maxTotalThreadsPerThreadgroup, pipeline.threadExecutionWidth);
   dispatch_sync_with_rethrow(stream->queue(), ^() {
     @autoreleasepool {
       id<MTLComputeCommandEncoder> encoder = stream->commandEncoder();

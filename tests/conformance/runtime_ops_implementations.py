@@ -17,7 +17,7 @@ import functools
 
 import torch
 
-from gdn_export.ops import runtime_ops_available
+from runtime_ops.loader import is_loaded as runtime_ops_available
 from gdn_export.ops.conformance import Implementation
 
 MAX_LENGTH = 320  # above the table's longest case (T = 257)

@@ -12,10 +12,10 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "cpu": ("gdn_export.bench.cpu", "the C++ kernel vs ExecuTorch's llama::gated_delta_rule, per token"),
-    "cuda": ("gdn_export.bench.cuda", "the Triton kernels vs fla-core and ExecuTorch's kernels (GPU)"),
-    "metal": ("gdn_export.bench.metal", "the Metal kernels vs the reference (macOS)"),
-    "e2e": ("gdn_export.bench.e2e", "a Qwen3.5-0.8B-shaped .pte vs transformers and ExecuTorch's own flow"),
+    "cpu": ("gdn_bench.cpu", "the C++ kernel vs ExecuTorch's llama::gated_delta_rule, per token"),
+    "cuda": ("gdn_bench.cuda", "the Triton kernels vs fla-core and ExecuTorch's kernels (GPU)"),
+    "metal": ("gdn_bench.metal", "the Metal kernels vs the reference (macOS)"),
+    "e2e": ("gdn_bench.e2e", "a Qwen3.5-0.8B-shaped .pte vs transformers and ExecuTorch's own flow"),
 }
 
 

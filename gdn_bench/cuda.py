@@ -43,15 +43,6 @@ EXECUTORCH_DECODE_AS_RUN = "ExecuTorch 1.5.1 fused_deltanet_decode + state copy-
 OURS_PREFILL = "ours: fused chunked (in place)"
 FLA_PREFILL = "fla-core 0.6.0 chunk_gated_delta_rule"
 ROTATION_BYTES_OVER_L2 = 4  # rotate through this many times the L2 size
-DECODE_SWEEP = (  # (value block, warps) for --sweep
-    (8, 1), (16, 1), (16, 2), (32, 1), (32, 2), (32, 4), (64, 2), (64, 4), (64, 8), (128, 4), (128, 8),
-)
-# Overrides of the chunked kernels' launch shape for --chunked-sweep (see cuda_backend.triton_ops._chunked_launch).
-# Timed after the anchors, so a variant that faults cannot cost the table its references.
-CHUNKED_SWEEP = (
-    dict(scratch="fp32"), dict(fused_output=False), dict(fused_output=False, state_stages=3),
-    dict(state_block=16), dict(state_block=64), dict(state_warps=8), dict(state_stages=3),
-)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -124,51 +115,46 @@ def _decode_implementations(sweep: bool):
     """name -> prepare(inputs) -> call(); with ``sweep``, ours at several launch shapes too."""
     import torch
 
-    import cuda_backend  # noqa: F401
+    import cuda_backend
 
     impls = {}
 
     impls[OURS_DECODE] = lambda x: (
-        lambda: torch.ops.gdn_cuda.fused_recurrent_gated_delta_rule(
+        lambda: cuda_backend.fused_gated_delta_rule(
             x["mixed_qkv"], x["a"], x["b"], x["A_log"], x["dt_bias"], x["state"]
         )
     )
     if sweep:
-        from cuda_backend.triton_ops import run_recurrent
         from gdn_export.ops.fused import split_heads
 
-        def tuned(value_block, num_warps):
-            def prepare(x):
-                _, query, key, value = split_heads(x["mixed_qkv"], x["state"])
-                return lambda: run_recurrent(
-                    query, key, value, x["a"], x["b"], x["state"], x["state"], x["output"],
-                    scale=HEAD_DIM ** -0.5, use_qk_l2norm=True, a_log=x["A_log"], dt_bias=x["dt_bias"],
-                    value_block=value_block, num_warps=num_warps,
-                )
-            return prepare
+        def fused_decode(x, final_state, launch_shape=None):
+            # The fused op's launch spelled out: q/k/v are views of mixed_qkv, the gates raw a/b.
+            _, query, key, value = split_heads(x["mixed_qkv"], x["state"])
+            return lambda: cuda_backend.launch_kernel(
+                "recurrent", query, key, value, x["a"], x["b"], x["state"], final_state, x["output"],
+                use_qk_l2norm=True, A_log=x["A_log"], dt_bias=x["dt_bias"], launch_shape=launch_shape,
+            )
 
-        for value_block, num_warps in DECODE_SWEEP:
-            impls[f"ours: fused decode BV={value_block} warps={num_warps}"] = tuned(value_block, num_warps)
+        for shape in cuda_backend.LAUNCH_SHAPE_SWEEPS["recurrent"]:
+            impls[f"ours: fused decode BV={shape['value_block']} warps={shape['num_warps']}"] = (
+                lambda x, shape=shape: fused_decode(x, x["state"], shape)
+            )
 
         shared_states = {}  # state shape -> the one buffer every input set writes to
 
         def to_one_buffer(x):
             # What ExecuTorch's kernel does under a CUDA graph: the new state goes to the
             # same pool address every launch, so at small B its writes can stay in L2.
-            _, query, key, value = split_heads(x["mixed_qkv"], x["state"])
             if x["state"].shape not in shared_states:
                 shared_states[x["state"].shape] = torch.empty_like(x["state"])
-            destination = shared_states[x["state"].shape]
-            return lambda: run_recurrent(
-                query, key, value, x["a"], x["b"], x["state"], destination, x["output"],
-                scale=HEAD_DIM ** -0.5, use_qk_l2norm=True, a_log=x["A_log"], dt_bias=x["dt_bias"],
-            )
+            return fused_decode(x, shared_states[x["state"].shape])
 
         impls["ours: fused decode, new state to one shared buffer (diagnostic)"] = to_one_buffer
 
     impls[OURS_DECODE_UNFUSED] = lambda x: (
-        lambda: torch.ops.gdn_cuda.gated_delta_rule(
-            x["query"], x["key"], x["value"], x["g"], x["beta"], x["state"], x["output"], x["state"], None, True
+        lambda: cuda_backend.gated_delta_rule(
+            x["query"], x["key"], x["value"], x["g"], x["beta"], x["state"],
+            use_qk_l2norm=True, output=x["output"], final_state=x["state"],
         )
     )
 
@@ -273,19 +259,19 @@ def _prefill_inputs(length: int, generator, device: str = "cuda"):
 
 
 def _prefill_implementations(sweep: bool = False):
-    import torch
+    import cuda_backend
 
-    import cuda_backend  # noqa: F401
-
+    # At prefill lengths (T >= the contract's CHUNKED_MIN_LENGTH) both ops take the chunked kernels.
     impls = {}
     impls[OURS_PREFILL] = lambda x: (
-        lambda: torch.ops.gdn_cuda.fused_chunked_gated_delta_rule(
+        lambda: cuda_backend.fused_gated_delta_rule(
             x["mixed_qkv"], x["a"], x["b"], x["A_log"], x["dt_bias"], x["state"]
         )
     )
     impls["ours: gated_delta_rule (chunked, in place)"] = lambda x: (
-        lambda: torch.ops.gdn_cuda.gated_delta_rule(
-            x["query"], x["key"], x["value"], x["g"], x["beta"], x["state"], x["output"], x["state"], None, True
+        lambda: cuda_backend.gated_delta_rule(
+            x["query"], x["key"], x["value"], x["g"], x["beta"], x["state"],
+            use_qk_l2norm=True, output=x["output"], final_state=x["state"],
         )
     )
 
@@ -308,18 +294,17 @@ def _prefill_implementations(sweep: bool = False):
 
     impls["ExecuTorch 1.5.1 chunk_gated_delta_rule"] = executorch
     if sweep:
-        from cuda_backend.triton_ops import run_chunked
-
-        def tuned(tuning):
+        # Timed after the anchors, so a launch shape that faults cannot cost the table its references.
+        def chunked(launch_shape):
             return lambda x: (
-                lambda: run_chunked(
-                    x["query"], x["key"], x["value"], x["g"], x["beta"], x["state"], x["state"], x["output"],
-                    scale=HEAD_DIM ** -0.5, use_qk_l2norm=True, tuning=tuning,
+                lambda: cuda_backend.launch_kernel(
+                    "chunked", x["query"], x["key"], x["value"], x["g"], x["beta"], x["state"], x["state"],
+                    x["output"], use_qk_l2norm=True, launch_shape=launch_shape,
                 )
             )
 
-        for tuning in CHUNKED_SWEEP:
-            impls["ours: chunked " + " ".join(f"{k}={v}" for k, v in tuning.items())] = tuned(tuning)
+        for shape in cuda_backend.LAUNCH_SHAPE_SWEEPS["chunked"]:
+            impls["ours: chunked " + " ".join(f"{k}={v}" for k, v in shape.items())] = chunked(shape)
     return impls
 
 

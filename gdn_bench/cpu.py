@@ -22,7 +22,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from gdn_export.ops import reference, runtime_ops_available
+from gdn_export.ops import reference
+from runtime_ops import loader as runtime_ops
 
 STATE_RING_BYTES = 96 << 20  # above the last-level cache of the machines we bench on
 
@@ -76,7 +77,7 @@ def _upstream_op():
 
 
 def run(args) -> int:
-    if not runtime_ops_available():
+    if not runtime_ops.is_loaded():
         print("gdn-bench cpu: the C++ kernels are not built; run `python -m runtime_ops.build`")
         return 1
     if args.threads:

@@ -3,8 +3,8 @@
 Shapes are Qwen3.5's larger models (Hk = 16, Hv = 32, Dk = Dv = 128; fp32
 state), built by the conformance table's input maker so speed and correctness
 share one definition. For decode (T = 1) at each ``--batches`` and prefill
-(B = 1) at each ``--lengths`` it times, with the MPS kernels of
-``metal_backend.mps_eager`` registered:
+(B = 1) at each ``--lengths`` it times, with the MPS kernels that
+``import metal_backend`` registers:
 
 * ``metal`` / ``metal fused``: ``gdn.gated_delta_rule_inplace`` and
   ``gdn.fused_gated_delta_rule`` (one Metal dispatch each, state in place);
@@ -72,20 +72,19 @@ def _median_seconds(call, iterations: int) -> float:
 def run(args) -> int:
     import torch
 
-    from metal_backend.lowering import unavailable_reason
+    from gdn_export.backends import get_backend
 
-    reason = unavailable_reason()
+    reason = get_backend("metal").unavailable_reason()
     if reason is not None:
         print(f"gdn-bench metal needs a Mac with an Apple-silicon GPU: {reason}", file=sys.stderr)
         return 2
     if args.iterations < 1:
         print("gdn-bench metal: --iterations must be positive", file=sys.stderr)
         return 2
+    import metal_backend  # noqa: F401  (registers the MPS kernels of the gdn ops)
     from gdn_export.ops.conformance import OpCase, make_fused_inputs, make_inputs
     from gdn_export.ops.contract import reference_gated_delta_rule_out
-    from metal_backend import mps_eager
 
-    mps_eager.register()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     shapes = [("decode", batch, 1) for batch in _int_list(args.batches, "--batches")]
     shapes += [("prefill", 1, length) for length in _int_list(args.lengths, "--lengths")]

@@ -1,4 +1,5 @@
-"""``make demo``: the whole job end to end on a built-in tiny Qwen3.5.
+"""``make demo`` (``python examples/demo.py`` from the repository root): the whole job
+end to end on a built-in tiny Qwen3.5.
 
 1. build a tiny random-weight Hugging Face checkpoint with a byte-level BPE
    tokenizer (what ``save_pretrained`` writes, as a real one looks);
@@ -67,7 +68,8 @@ def run_stock_runner(model: Path, tokenizer: Path) -> None:
 
 
 def run_cpp_runner(model: Path, tokenizer: Path) -> None:
-    from examples.cpp_runner import build as cpp_runner
+    # Run as a script, so this folder is on sys.path and its sibling imports by name.
+    from cpp_runner import build as cpp_runner
 
     try:
         binary = cpp_runner.build()
@@ -82,8 +84,8 @@ def run_cpp_runner(model: Path, tokenizer: Path) -> None:
 
 
 def main() -> int:
+    from gdn_export import export_qwen35
     from gdn_export.cli import run_main
-    from gdn_export.export import export_qwen35
     from gdn_export.runner import load_tokenizer
     from gdn_export.tiny import make_tiny_checkpoint
 

@@ -23,6 +23,7 @@ only meaningful between rows of the same run.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -37,8 +38,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
-
-from gdn_export.export import write_atomically
 
 SYSTEMS = ("ours", "ours_8da4w", "hf", "executorch")
 SYSTEM_LABELS = {
@@ -125,8 +124,15 @@ def executorch_params(config: dict) -> dict:
     }
 
 
+def write_atomically(path: Path, data: bytes) -> None:
+    """Through a hidden file renamed into place, so a run cut off mid-write leaves the previous file whole."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_bytes(data)
+    os.replace(partial, path)
+
+
 def write_json(path: Path, value) -> None:
-    write_atomically(path, lambda handle: handle.write(json.dumps(value, indent=2).encode()))
+    write_atomically(path, json.dumps(value, indent=2).encode())
 
 
 def read_json(path: Path) -> dict:
@@ -197,16 +203,17 @@ class Workdir:
         log(f"{name}: {child.seconds:.0f} s, peak RSS {child.peak_rss_bytes / 2**30:.2f} GiB")
 
     def ensure_checkpoint(self, seed: int) -> None:
-        code = f"from gdn_export.bench.e2e import build_checkpoint; build_checkpoint({str(self.checkpoint)!r}, {seed})"
+        code = f"from gdn_bench.e2e import build_checkpoint; build_checkpoint({str(self.checkpoint)!r}, {seed})"
         self.build("checkpoint", self.checkpoint, [sys.executable, "-c", code])
 
     def ensure_ours(self, system: str) -> None:
         quantize = "8da4w" if system == "ours_8da4w" else "none"
-        code = "import sys; from gdn_export.cli import export_main; sys.exit(export_main())"
-        command = [
-            sys.executable, "-c", code, "--checkpoint", str(self.checkpoint), "--output", str(self.ours[system]),
-            "--backend", "xnnpack", "--dtype", "fp32", "--quantize", quantize,
-        ]
+        code = (
+            "import sys; from gdn_export import export_qwen35; "
+            "print(export_qwen35(*sys.argv[1:3], backend='xnnpack', dtype='fp32', quantize=sys.argv[3], "
+            "progress=print).describe())"
+        )
+        command = [sys.executable, "-c", code, str(self.checkpoint), str(self.ours[system]), quantize]
         self.build(f"export_{system}", self.ours[system], command)
 
     def ensure_executorch(self) -> None:
@@ -600,7 +607,9 @@ def plot(results: dict, prompts: tuple, floor: dict, path: Path) -> None:
     axes.legend(fontsize=8)
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, lambda handle: figure.savefig(handle, format="png", dpi=120))
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=120)
+    write_atomically(path, png.getvalue())
     plt.close(figure)
 
 
@@ -708,7 +717,7 @@ def run(args) -> int:
     table = report(systems, workdir.builds(), floor, args.prompts)
     print(table)
     if args.markdown is not None:
-        write_atomically(args.markdown, lambda handle: handle.write((table + "\n").encode()))
+        write_atomically(args.markdown, (table + "\n").encode())
     if args.plot is not None:
         plot(systems, args.prompts, floor, args.plot)
         log(f"wrote {args.plot}")

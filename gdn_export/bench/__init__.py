@@ -1,1 +1,0 @@
-"""``gdn-bench``: benchmarks reported as ratios against anchors measured in the same run."""

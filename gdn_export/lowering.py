@@ -1,0 +1,84 @@
+"""ExecuTorch's to_edge → partition → to_executorch steps and the writing of the files, for every backend.
+
+A backend's ``lower`` says only what differs: its partitioners (one list per
+method, since CudaBackend and MetalBackend name each compiled method), whether
+dim-order ops are kept, and extra ``ExecutorchBackendConfig`` fields.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional
+
+
+def lower_programs(
+    programs: dict,
+    *,
+    metadata: Optional[dict] = None,
+    partitioners: Optional[Callable[[str], list]] = None,
+    skip_dim_order: bool = False,
+    **backend_config,
+):
+    """The ExecutorchProgramManager of ``programs`` ({method name: ExportedProgram}).
+
+    ``partitioners(method)`` gives each method's partitioner list (None: no
+    delegate, ExecuTorch's portable kernels and ours run every op);
+    ``metadata`` becomes constant methods; ``backend_config`` overrides fields
+    of ``ExecutorchBackendConfig``.
+    """
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+
+    edge = to_edge_transform_and_lower(
+        programs,
+        partitioner={name: partitioners(name) for name in programs} if partitioners else None,
+        # The gdn ops are outside the core ATen opset the IR validity check knows.
+        compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=skip_dim_order),
+        constant_methods=metadata,
+    )
+    config = dict(
+        extract_delegate_segments=True,
+        do_quant_fusion_and_const_prop=True,
+        # Graph inputs are the caller's tensors: don't plan memory for them.
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+    )
+    config.update(backend_config)
+    return edge.to_executorch(ExecutorchBackendConfig(**config))
+
+
+def write_atomically(path: Path, write: Callable[[object], None]) -> None:
+    """Write through a temporary file in the same folder, renamed into place when complete."""
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            write(handle)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_program(manager, output: Path) -> list[Path]:
+    """Write the ``.pte`` and any ``.ptd`` weight files beside it; returns the ``.ptd`` paths.
+
+    CudaBackend and MetalBackend keep the weights in ``.ptd`` files. Everything is
+    written into a hidden folder beside ``output`` first and renamed into place
+    only once all of it is complete (the ``.pte``, which names the others, last),
+    so a failure leaves no file behind.
+    """
+    staging = Path(tempfile.mkdtemp(dir=output.parent, prefix=f".{output.name}."))
+    try:
+        if getattr(manager, "_tensor_data", None):
+            manager.write_tensor_data_to_file(str(staging))
+        data_files = sorted(staging.iterdir())
+        with open(staging / output.name, "wb") as handle:
+            manager.write_to_file(handle)
+        for staged in data_files:
+            os.replace(staged, output.parent / staged.name)
+        os.replace(staging / output.name, output)
+        return [output.parent / staged.name for staged in data_files]
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
