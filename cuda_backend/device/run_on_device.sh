@@ -20,6 +20,10 @@
 #          transformers' generate, and prompts in chunks with one prefill
 #   e2e-models: the same for the MoE and Hv/Hk = 3 checkpoints (fp32) and the dense one in bf16
 #   e2e-all: both in one call (the dense fp32 export alone first, the other four at once)
+#   cpp-e2e: the C++ runner (no torch in the process) on the tiny dense model exported with
+#            --dtype fp32 --prefill-chunk ${CPP_PREFILL_CHUNK:-1} (1: decode only, the fastest compile),
+#            built beside the runtime; prints the greedy token ids to compare with transformers
+#            (the checkpoint is make_tiny_checkpoint(key_head_dim=64, value_head_dim=64, seed=0))
 # WHEELS names the wheel folder (default .whl).
 set -uo pipefail
 OUT=${OUT:-build/cuda_device}
@@ -65,6 +69,24 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64)" "$OUT/tiny" > "$OUT/lower
       echo "runtime built in $((SECONDS - started)) s"
       python3 -X faulthandler -m cuda_backend.device.e2e_check "$OUT" --set "$(case $step in e2e) echo core;; e2e-models) echo models;; *) echo all;; esac)" \
           --deadline-s "${E2E_DEADLINE_S:-$((550 - SECONDS))}" || status=1 ;;
+    cpp-e2e)
+      started=$SECONDS
+      python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
+          > "$OUT/cpp_e2e_build.log" 2>&1 || { status=1; tail -5 "$OUT/cpp_e2e_build.log"; continue; }
+      python3 -m examples.cpp_runner.build > "$OUT/cpp_runner_build.log" 2>&1 &
+      builder=$!
+      python3 -c "import sys; from gdn_export.tiny import make_tiny_checkpoint as make
+make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense > "$OUT/cpp_e2e.log" 2>&1
+      python3 -X faulthandler -c "import sys; from gdn_export.cli import export_main; sys.exit(export_main())" \
+          --checkpoint /tmp/tiny_dense --output /tmp/tiny_cuda.pte --backend cuda --dtype fp32 --max-seq-len 128 \
+          --prefill-chunk "${CPP_PREFILL_CHUNK:-1}" >> "$OUT/cpp_e2e.log" 2>&1 || status=1
+      echo "runtime + export in $((SECONDS - started)) s" | tee -a "$OUT/cpp_e2e.log"
+      wait $builder || { status=1; tail -20 "$OUT/cpp_runner_build.log"; }
+      build/cpp_runner/gdn_cpp_runner --model /tmp/tiny_cuda.pte --data /tmp/aoti_cuda_blob.ptd \
+          --backend-lib build/cuda_runtime/libgdn_executorch_cuda.so --tokenizer /tmp/tiny_dense/tokenizer.json \
+          --prompt "Once upon a time there was a little model that" --max-new-tokens 32 --temperature 0 \
+          --print-token-ids --verbose > "$OUT/cpp_run.out" 2> "$OUT/cpp_run.err" || status=1
+      tail -8 "$OUT/cpp_run.err"; echo "cpp-e2e in $((SECONDS - started)) s" ;;
     bench)
       python3 -m gdn_bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
           --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;
