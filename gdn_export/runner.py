@@ -116,9 +116,14 @@ class ProgramRunner:
             )
         for start in range(0, len(tokens), self.max_chunk):
             chunk = tokens[start:start + self.max_chunk]
-            (logits,) = self._step(len(chunk)).execute(
-                [torch.tensor([chunk], dtype=torch.long), torch.tensor([self.position], dtype=torch.long)]
-            )
+            try:
+                (logits,) = self._step(len(chunk)).execute(
+                    [torch.tensor([chunk], dtype=torch.long), torch.tensor([self.position], dtype=torch.long)]
+                )
+            except RuntimeError as error:  # ExecuTorch's message, without the C++ stack it may carry
+                reason = (str(error).strip().splitlines() or ["no message"])[0]
+                raise RunnerError(f"ExecuTorch failed running {len(chunk)} tokens at position {self.position}: "
+                                  f"{reason}") from None
             self.position += len(chunk)
         return logits[0, -1]
 

@@ -67,3 +67,17 @@ def test_a_delegate_nobody_provides_is_one_clear_error(programs, tmp_path):
     program = _renamed(programs["xnnpack"], tmp_path / "model.pte", "UnknownBackend")
     with pytest.raises(RunnerError, match="its UnknownBackend delegate has no runtime here"):
         ProgramRunner(program)
+
+
+class _FailingMethod:
+    def execute(self, inputs):
+        raise RuntimeError("tensor does not have a device\nException raised from device_default at TensorImpl.h:1303")
+
+
+def test_a_failing_execute_is_one_line():
+    runner = ProgramRunner.__new__(ProgramRunner)
+    runner.steps = {"decode": _FailingMethod()}
+    runner.max_chunk, runner.max_context, runner.position = 4, 64, 3
+    with pytest.raises(RunnerError) as error:
+        runner.feed([7])
+    assert str(error.value) == ("ExecuTorch failed running 1 tokens at position 3: tensor does not have a device")
