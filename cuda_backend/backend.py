@@ -76,5 +76,10 @@ class CudaTritonBackend(Backend):
 
         prepare_for_programs()
 
+    def conformance_implementations(self) -> list:
+        from cuda_backend.conformance import IMPLEMENTATIONS
+
+        return IMPLEMENTATIONS
+
 
 CUDA = CudaTritonBackend()

@@ -247,26 +247,30 @@ def _fused_output(mixed_qkv, state):
     return torch.empty(batch, length, state.shape[1], state.shape[3], dtype=mixed_qkv.dtype, device=mixed_qkv.device)
 
 
-@triton_op("gdn_cuda::fused_recurrent_gated_delta_rule", mutates_args={"state"})
-def fused_recurrent_gated_delta_rule(
-    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-    state: torch.Tensor, scale: Optional[float] = None,
-) -> torch.Tensor:
-    """Decode: split, L2 norm, head repeat, gating and recurrence in one kernel; state in place."""
-    output = _fused_output(mixed_qkv, state)
-    _fused_run(run_recurrent, mixed_qkv, a, b, A_log, dt_bias, state, output, scale)
-    return output
+def _fused_op(name: str, form, doc: str):
+    """The ``gdn_cuda::{name}`` op running ``form`` on views of mixed_qkv, state in place.
+
+    One op per form, not one op with a flag: the recurrence picks the op when it
+    exports, so each program holds only the kernels it runs."""
+
+    @triton_op(f"gdn_cuda::{name}", mutates_args={"state"})
+    def fused_op(
+        mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+        state: torch.Tensor, scale: Optional[float] = None,
+    ) -> torch.Tensor:
+        output = _fused_output(mixed_qkv, state)
+        _fused_run(form, mixed_qkv, a, b, A_log, dt_bias, state, output, scale)
+        return output
+
+    fused_op.__doc__ = doc
+    return fused_op
 
 
-@triton_op("gdn_cuda::fused_chunked_gated_delta_rule", mutates_args={"state"})
-def fused_chunked_gated_delta_rule(
-    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
-    state: torch.Tensor, scale: Optional[float] = None,
-) -> torch.Tensor:
-    """Prefill: the chunked kernels on views of mixed_qkv; state in place."""
-    output = _fused_output(mixed_qkv, state)
-    _fused_run(run_chunked, mixed_qkv, a, b, A_log, dt_bias, state, output, scale)
-    return output
+fused_recurrent_gated_delta_rule = _fused_op(
+    "fused_recurrent_gated_delta_rule", run_recurrent,
+    "Decode: split, L2 norm, head repeat, gating and recurrence in one kernel; state in place.")
+fused_chunked_gated_delta_rule = _fused_op(
+    "fused_chunked_gated_delta_rule", run_chunked, "Prefill: the chunked kernels on views of mixed_qkv; state in place.")
 
 
 def gated_delta_rule(

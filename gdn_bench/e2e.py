@@ -12,6 +12,10 @@ every system on the same weights in the same run:
   ``export_llm`` with its ``qwen3_5_xnnpack_fp32.yaml``), static shapes, so
   its prompts go in one token per call.
 
+``--prompt-cache`` times our fp32 ``.pte``'s prompt cache instead
+(``gdn_export.session``): time to first token for a shared prefix plus a
+question, the prefix's state restored from a file vs prefilled again.
+
 Exports run in child processes, so their wall time and peak RSS are theirs
 alone (``os.wait4``); they are kept in ``builds.json`` and reported again when
 an artifact is reused. Each system is timed in a fresh interpreter, so no two
@@ -78,6 +82,8 @@ TARGETS = (
     ("ours", "hf", "decode", 2.0),
     ("ours", "hf", "prefill 512", 1.3),
 )
+# The issue's floor for --prompt-cache: cached time to first token at most this share of uncached.
+PROMPT_CACHE_FLOOR = 0.1
 
 
 def log(message: str) -> None:
@@ -398,6 +404,125 @@ def measure_in_child(system: str, artifact: Path, plan: Plan) -> dict:
 
 
 # ---------------------------------------------------------------------------
+# Prompt cache (``--prompt-cache``): time to first token for a shared prefix plus
+# a question, with the prefix's state restored from a file or prefilled again.
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    prefix: int
+    question: int
+    rounds: int
+    vocab_size: int
+    seed: int
+    threads: int
+
+
+def time_prompt_cache(artifact: str, plan: CachePlan, cache_path: str) -> dict:
+    """TTFT (prompt in, first token sampled) of ``plan.rounds`` questions after one shared prefix, uncached
+    (one feed of the whole prompt) and cached (``Session.feed_with_prompt_cache`` from a file of the prefix's
+    state), and the state file's size and save and load times."""
+    from gdn_export.runner import ProgramRunner
+    from gdn_export.session import Session
+
+    generator = torch.Generator().manual_seed(plan.seed)
+
+    def random_tokens(count: int) -> list:
+        return torch.randint(0, plan.vocab_size, (count,), generator=generator).tolist()
+
+    from gdn_export.runner import RunnerError
+
+    started = time.perf_counter()
+    try:
+        session = Session(ProgramRunner(artifact))
+    except RunnerError as error:
+        raise RuntimeError(f"{error} (delete {artifact} and run again to rebuild it)") from None
+    log(f"  loaded in {time.perf_counter() - started:.1f} s")
+    session.feed(random_tokens(plan.question))  # warm-up: first calls allocate and pack
+    prefix = random_tokens(plan.prefix)
+    session.reset()
+    session.feed(prefix)
+    started = time.perf_counter()
+    size = session.save(cache_path)
+    save_seconds = time.perf_counter() - started
+    log(f"  state file {size / 2**20:.1f} MiB, saved in {save_seconds:.3f} s")
+    uncached, cached, loads, same_first, logits_gap = [], [], [], [], []
+    for _ in range(plan.rounds):
+        prompt = prefix + random_tokens(plan.question)
+        session.reset()
+        started = time.perf_counter()
+        expected = int(session.feed(prompt).argmax())
+        uncached.append(time.perf_counter() - started)
+        reference = session.logits.clone()
+        session.reset()
+        started = time.perf_counter()
+        reused = session.feed_with_prompt_cache(prompt, cache_path)
+        first = int(session.logits.argmax())
+        cached.append(time.perf_counter() - started)
+        if reused != plan.prefix:
+            raise RuntimeError(f"the prompt cache reused {reused} tokens, expected the {plan.prefix} of the prefix")
+        same_first.append(first == expected)
+        logits_gap.append(float((session.logits.float() - reference.float()).abs().max()))
+        session.reset()
+        started = time.perf_counter()
+        session.load(cache_path)
+        loads.append(time.perf_counter() - started)
+        log(f"  TTFT uncached {uncached[-1]:.2f} s, cached {cached[-1]:.3f} s (load {loads[-1]:.3f} s)")
+    return {
+        "prefix": plan.prefix, "question": plan.question, "rounds": plan.rounds,
+        "ttft_uncached_s": statistics.median(uncached), "ttft_cached_s": statistics.median(cached),
+        "state_file_bytes": size, "save_s": save_seconds, "load_s": statistics.median(loads),
+        "first_token_equal": all(same_first), "max_logits_gap": max(logits_gap),
+    }
+
+
+def measure_prompt_cache(artifact: str, plan: CachePlan, cache_path: str) -> dict:
+    """``time_prompt_cache`` with the plan's threads (runs in a fresh interpreter)."""
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+    load_before = os.getloadavg()[0]
+    torch.set_num_threads(plan.threads)
+    _unsafe_reset_threadpool(plan.threads)
+    timings = time_prompt_cache(artifact, plan, cache_path)
+    return {**timings, "threads": plan.threads, "load_average": [load_before, os.getloadavg()[0]]}
+
+
+def prompt_cache_report(entry: dict) -> str:
+    """The markdown table of a ``--prompt-cache`` run, with the issue's floor."""
+    ratio_value = entry["ttft_cached_s"] / entry["ttft_uncached_s"]
+    load = " to ".join(f"{value:.1f}" for value in entry["load_average"])
+    return "\n".join([
+        f"| prompt (prefix + question) | TTFT uncached s | TTFT cached s | cached / uncached | floor | met | "
+        "state file MiB | save s | load s | first token equal (max logits gap) | threads | measured (load average) |",
+        "|---" * 12 + "|",
+        f"| {entry['prefix']} + {entry['question']} | {entry['ttft_uncached_s']:.2f} | {entry['ttft_cached_s']:.3f} "
+        f"| {ratio_value:.3f}x | {PROMPT_CACHE_FLOOR}x | {'yes' if ratio_value <= PROMPT_CACHE_FLOOR else 'NO'} "
+        f"| {entry['state_file_bytes'] / 2**20:.1f} | {entry['save_s']:.3f} | {entry['load_s']:.3f} "
+        f"| {'yes' if entry['first_token_equal'] else 'NO'} ({entry['max_logits_gap']:.1e}) | {entry['threads']} "
+        f"| {entry['measured_at']} ({load}) |",
+    ])
+
+
+def run_prompt_cache(args, workdir: Workdir) -> int:
+    workdir.ensure_ours("ours")
+    plan = CachePlan(args.cache_prefix, args.cache_question, args.cache_rounds, QWEN35_0_8B["vocab_size"],
+                     args.seed, args.threads)
+    log(f"ours: prompt cache, {plan.prefix}-token prefix + {plan.question}-token questions, {plan.rounds} rounds")
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        entry = pool.submit(measure_prompt_cache, str(workdir.ours["ours"]), plan,
+                            str(workdir.root / "prompt_cache.state")).result()
+    entry["measured_at"] = time.strftime("%Y-%m-%d %H:%M")
+    results = read_json(workdir.results_path)
+    results["prompt_cache"] = entry
+    write_json(workdir.results_path, results)
+    table = prompt_cache_report(entry)
+    print(table)
+    if args.markdown is not None:
+        write_atomically(args.markdown, (table + "\n").encode())
+    return 0
+
+
+# ---------------------------------------------------------------------------
 # Interleaved decode: the machine's memory bandwidth drifts by tens of percent
 # over minutes, and decode is bound by it, so two systems timed one after the
 # other can differ by the drift alone. Here each system lives in its own process,
@@ -661,6 +786,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--build-only", action="store_true", help="build the artifacts, time nothing")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG bar plot here (needs matplotlib)")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables here as markdown")
+    parser.add_argument("--prompt-cache", action="store_true",
+                        help="time the prompt cache of our fp32 .pte instead: time to first token for a shared "
+                             "prefix plus a question, the prefix's state restored from a file vs prefilled, and the "
+                             "state file's size and save and load times")
+    parser.add_argument("--cache-prefix", type=int, default=2048,
+                        help="--prompt-cache: tokens of the shared prefix (default %(default)s)")
+    parser.add_argument("--cache-question", type=int, default=32,
+                        help="--prompt-cache: tokens of each question after it (default %(default)s)")
+    parser.add_argument("--cache-rounds", type=int, default=3,
+                        help="--prompt-cache: questions timed, cached and uncached; medians (default %(default)s)")
 
 
 def run(args) -> int:
@@ -672,8 +807,14 @@ def run(args) -> int:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.plot is not None and args.plot.suffix != ".png":
         raise ValueError(f"--plot must name a .png file, got {args.plot}")
+    for flag, value in (("--cache-prefix", args.cache_prefix), ("--cache-question", args.cache_question),
+                        ("--cache-rounds", args.cache_rounds)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
     workdir = Workdir(args.workdir)
     workdir.ensure_checkpoint(args.seed)
+    if args.prompt_cache:
+        return run_prompt_cache(args, workdir)
     artifacts = {"hf": workdir.checkpoint, "executorch": workdir.executorch_pte, **workdir.ours}
     builders: dict[str, Callable[[], None]] = {
         "hf": lambda: None,

@@ -14,7 +14,8 @@ import contextlib
 import os
 import sys
 import tempfile
-from typing import Callable, Iterator, TextIO
+from pathlib import Path
+from typing import Callable, Iterator, Optional, TextIO
 
 INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
 
@@ -132,6 +133,26 @@ def export_main(argv=None) -> int:
     return _run("export_qwen35", args.verbose, body)
 
 
+def _check_conversation_flags(args) -> Optional[str]:
+    """What is wrong with gdn-run's conversation flags (one line), before anything is loaded; None if nothing."""
+    if args.chat == (args.prompt is not None):
+        if args.chat:
+            return "--chat reads its messages from stdin and takes no --prompt"
+        return "--prompt is required (or --chat)"
+    if args.prompt_cache and (args.load_state or args.chat):
+        return "--prompt-cache starts a new conversation: it goes without --load-state and --chat"
+    for flag, value in (("--load-state", args.load_state), ("--prompt-cache", args.prompt_cache)):
+        if value is not None and Path(value).is_dir():
+            return f"{flag} {value} is a folder, expected a state file"
+    if args.save_state is not None:
+        path = Path(args.save_state)
+        if path.is_dir():
+            return f"--save-state {path} is a folder, expected a file path"
+        if not path.resolve().parent.is_dir():
+            return f"--save-state {path}: folder {path.parent} does not exist"
+    return None
+
+
 def run_main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="gdn-run", formatter_class=_HelpFormatter,
@@ -139,16 +160,30 @@ def run_main(argv=None) -> int:
     )
     parser.add_argument("--model", required=True, help="the .pte program")
     parser.add_argument("--tokenizer", required=True, help="the checkpoint's tokenizer.json")
-    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--prompt", default=None, help="the text to continue (required unless --chat)")
     parser.add_argument("--max-new-tokens", type=_positive_int, default=64,
                         help="most tokens to generate (fewer at an end-of-sequence token or the context's end)")
     parser.add_argument("--temperature", type=float, default=0.0, help="sampling temperature; 0 is greedy")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed when --temperature > 0")
     parser.add_argument("--data", default=None, help="the .ptd weights file of a GPU (cuda, metal) program")
+    parser.add_argument("--save-state", default=None, metavar="FILE",
+                        help="write the decoding state here when generation ends (written whole or not at all)")
+    parser.add_argument("--load-state", default=None, metavar="FILE",
+                        help="continue the conversation a --save-state FILE holds: the prompt is fed after it")
+    parser.add_argument("--prompt-cache", default=None, metavar="FILE",
+                        help="reuse the state in FILE when its tokens begin the prompt (prefill only the rest); "
+                        "otherwise save the prompt's state there")
+    parser.add_argument("--chat", action="store_true",
+                        help="chat on stdin with the checkpoint's chat template (tokenizer_config.json beside "
+                        "--tokenizer), keeping the state between turns; Ctrl-D ends (and writes --save-state), "
+                        "Ctrl-C ends writing nothing")
     parser.add_argument("--verbose", action="store_true", help="also show third-party warnings and native logs")
     args = parser.parse_args(argv)
-    if args.temperature < 0:
-        print(f"gdn-run: error: --temperature must be >= 0, got {args.temperature}", file=sys.stderr)
+    problem = _check_conversation_flags(args) or (
+        f"--temperature must be >= 0, got {args.temperature}" if args.temperature < 0 else None
+    )
+    if problem:
+        print(f"gdn-run: error: {problem}", file=sys.stderr)
         return 1
 
     def body(console: TextIO) -> int:
@@ -158,15 +193,28 @@ def run_main(argv=None) -> int:
             tokenizer = runner.load_tokenizer(args.tokenizer)
             program = runner.ProgramRunner(args.model, data_path=args.data)
             runner.check_tokenizer(tokenizer, program, args.tokenizer)
+            if args.chat:
+                from gdn_export.chat import run_chat
+
+                return run_chat(program, tokenizer, args, console)
             prompt_tokens = tokenizer.encode(args.prompt).ids
             if not prompt_tokens:
                 raise runner.RunnerError("--prompt encodes to no tokens")
-            runner.check_prompt_fits(program, len(prompt_tokens))
             stream = runner.TextStream(tokenizer)
-            result = runner.generate(
-                program, prompt_tokens, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                on_token=lambda token: print(stream.push(token), end="", flush=True), seed=args.seed,
-            )
+
+            def on_token(token: int) -> None:
+                print(stream.push(token), end="", flush=True)
+
+            if args.save_state or args.load_state or args.prompt_cache:
+                from gdn_export.session import run_with_state
+
+                result = run_with_state(program, prompt_tokens, args, console, on_token)
+            else:
+                runner.check_prompt_fits(program, len(prompt_tokens))
+                result = runner.generate(
+                    program, prompt_tokens, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                    on_token=on_token, seed=args.seed,
+                )
         except (runner.RunnerError, ValueError) as error:
             print(f"gdn-run: error: {error}", file=console)
             return 1

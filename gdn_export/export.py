@@ -33,6 +33,7 @@ from gdn_export.checkpoint import Checkpoint, read_checkpoint
 from gdn_export.lowering import write_program
 from gdn_export.quantize import MODES as QUANTIZATIONS
 from gdn_export.quantize import quantize_linears
+from gdn_export.state_methods import STATE_METHODS, state_metadata
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 DEFAULT_MAX_SEQ_LEN = 4096
@@ -212,6 +213,11 @@ def export_qwen35(
         quantize_linears(model, request.quantize)
     step(f"exporting (tokens up to {request.prefill_chunk} a call)")
     programs = request.backend.export_methods(model, request.prefill_chunk)
+    if set(STATE_METHODS) <= set(programs):
+        step("fingerprinting the program's state (config, weights, options)")
+        options = dict(backend=request.backend.name, dtype=str(request.dtype), max_seq_len=request.max_seq_len,
+                       quantize=request.quantize, prefill_chunk=request.prefill_chunk)
+        metadata.update(state_metadata(request.checkpoint, model, options))
     step(f"lowering {', '.join(programs)} for {request.backend.name}")
     manager = request.backend.lower(programs, metadata)
     step(f"serializing to {request.output}")

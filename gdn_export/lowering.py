@@ -20,14 +20,17 @@ def lower_programs(
     metadata: Optional[dict] = None,
     partitioners: Optional[Callable[[str], list]] = None,
     skip_dim_order: bool = False,
+    share_mutable_buffers: bool = False,
     **backend_config,
 ):
     """The ExecutorchProgramManager of ``programs`` ({method name: ExportedProgram}).
 
     ``partitioners(method)`` gives each method's partitioner list (None: no
     delegate, ExecuTorch's portable kernels and ours run every op);
-    ``metadata`` becomes constant methods; ``backend_config`` overrides fields
-    of ``ExecutorchBackendConfig``.
+    ``metadata`` becomes constant methods; ``share_mutable_buffers`` makes
+    every method read and write one copy of each buffer of the model, found by
+    its name (see ``gdn_export.state_methods``); ``backend_config`` overrides
+    fields of ``ExecutorchBackendConfig``.
     """
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
@@ -43,7 +46,8 @@ def lower_programs(
         extract_delegate_segments=True,
         do_quant_fusion_and_const_prop=True,
         # Graph inputs are the caller's tensors: don't plan memory for them.
-        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False, share_mutable_buffers=share_mutable_buffers),
+        emit_mutable_buffer_names=share_mutable_buffers,
     )
     config.update(backend_config)
     return edge.to_executorch(ExecutorchBackendConfig(**config))

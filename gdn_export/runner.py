@@ -100,6 +100,7 @@ class ProgramRunner:
         self.max_chunk = int(self.metadata["get_max_seq_len"][0])
         self.max_context = int(self.metadata["get_max_context_len"][0])
         self.eos_ids = {int(i) for i in self.metadata["get_eos_ids"]}
+        self.model_path = model_path
         self.position = 0
 
     def reset(self) -> None:
@@ -207,10 +208,13 @@ class Generation:
     tokens: list = field(default_factory=list)
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    # Prompt tokens restored from a saved state (gdn_export.session's prompt cache) instead of prefilled.
+    reused_tokens: int = 0
 
     @property
     def prefill_tokens_per_second(self) -> float:
-        return len(self.prompt_tokens) / self.prefill_seconds if self.prefill_seconds else 0.0
+        prefilled = len(self.prompt_tokens) - self.reused_tokens
+        return prefilled / self.prefill_seconds if self.prefill_seconds else 0.0
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -243,16 +247,38 @@ def generate(
     logits = runner.feed(result.prompt_tokens)
     result.prefill_seconds = time.perf_counter() - started
     started = time.perf_counter()
-    budget = min(max_new_tokens, runner.max_context - runner.position + 1)
-    while len(result.tokens) < budget:
-        token = sample(logits, temperature, generator)
-        result.tokens.append(token)
-        on_token(token)
-        if token in runner.eos_ids or len(result.tokens) == budget:
-            break
-        logits = runner.feed([token])
+    result.tokens = decode(
+        runner, logits, max_new_tokens=max_new_tokens, temperature=temperature, on_token=on_token, generator=generator
+    )
     result.decode_seconds = time.perf_counter() - started
     return result
+
+
+def decode(
+    runner,
+    logits: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    on_token: Callable[[int], None] = lambda token: None,
+    generator: Optional[torch.Generator] = None,
+) -> list:
+    """Sample from ``logits`` on, feeding ``runner`` each new token but the last; returns the new tokens.
+
+    Stops at an EOS id or the context's end. ``runner`` is a ProgramRunner or
+    anything with its ``feed``, ``position``, ``max_context`` and ``eos_ids``
+    (``gdn_export.session.Session``).
+    """
+    tokens = []
+    budget = min(max_new_tokens, runner.max_context - runner.position + 1)
+    while len(tokens) < budget:
+        token = sample(logits, temperature, generator)
+        tokens.append(token)
+        on_token(token)
+        if token in runner.eos_ids or len(tokens) == budget:
+            break
+        logits = runner.feed([token])
+    return tokens
 
 
 def load_tokenizer(path):
@@ -294,12 +320,16 @@ def check_tokenizer(tokenizer, program: ProgramRunner, tokenizer_path) -> None:
             )
 
 
-def check_prompt_fits(program: ProgramRunner, prompt_length: int) -> None:
-    """A prompt the program's context cannot hold, with the export flag that would."""
-    if prompt_length >= program.max_context:
+def check_prompt_fits(
+    program: ProgramRunner, prompt_length: int, context_used: int = 0, what: str = "--prompt"
+) -> None:
+    """A prompt the program's context cannot hold after ``context_used`` tokens, with the export flag that would."""
+    needed = context_used + prompt_length
+    if needed >= program.max_context:
+        after = f" after the {context_used} of the conversation so far" if context_used else ""
         raise RunnerError(
-            f"--prompt is {prompt_length} tokens; the program's context holds {program.max_context} "
-            f"(its --max-seq-len) with room for the next token: export with --max-seq-len {prompt_length + 1} or more"
+            f"{what} is {prompt_length} tokens{after}; the program's context holds {program.max_context} "
+            f"(its --max-seq-len) with room for the next token: export with --max-seq-len {needed + 1} or more"
         )
 
 

@@ -47,6 +47,15 @@ Assistant: The sea is wide, the sea is deep, it sings the sailors off to sleep.
 """
 
 
+# ChatML, as Qwen's templates write a conversation (without their tools and reasoning parts).
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
 def _write_atomically(path: Path, text: str) -> None:
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -216,6 +225,7 @@ def make_tiny_checkpoint(
         "pad_token": "<|endoftext|>",
         "model_max_length": 4096,
         "add_prefix_space": False,
+        "chat_template": CHAT_TEMPLATE,
     }
     _write_atomically(directory / "tokenizer_config.json", json.dumps(tokenizer_config, indent=2) + "\n")
     return directory

@@ -32,9 +32,9 @@ class MetalGdnBackend(Backend):
         return lower_to_metal(programs, metadata=metadata)
 
     def conformance_implementations(self) -> list:
-        from metal_backend.conformance import METAL_IMPLEMENTATIONS
+        from metal_backend.conformance import IMPLEMENTATIONS
 
-        return METAL_IMPLEMENTATIONS
+        return IMPLEMENTATIONS
 
 
 METAL = MetalGdnBackend()

@@ -1,7 +1,8 @@
 """``make metal-check``: every Linux check of metal_backend, summarized as "N passed, M failed".
 
-Runs ``tests/test_metal_*.py``: the lockstep emulator, the kernels emulated
-over the conformance table, the C shim agreement, the MPS launch planning,
+Runs ``tests/test_metal_*.py`` and the Metal rows of ``tests/conformance``:
+the lockstep emulator, the kernels emulated over the conformance table
+(``metal-emulation``; ``metal-mps`` too on macOS), the C shim agreement, the MPS launch planning,
 graph selection and lowering entry, and the benchmark's off-macOS behaviour.
 Then the stricter compilers of ``metal_backend.strict_check`` (clang needed;
 each prints its name and count).
@@ -37,7 +38,9 @@ class OutcomeCounter:
 def main(argv=None) -> int:
     counter = OutcomeCounter()
     tests = sorted(str(path) for path in (REPOSITORY / "tests").glob("test_metal_*.py"))
-    status = pytest.main(["-q", "-p", "no:cacheprovider", *tests, *(argv or [])], plugins=[counter])
+    tests.append(str(REPOSITORY / "tests" / "conformance" / "test_conformance.py"))
+    # "metal" names every test of test_metal_*.py (by module) and the conformance rows of Metal implementations.
+    status = pytest.main(["-q", "-p", "no:cacheprovider", *tests, "-k", "metal", *(argv or [])], plugins=[counter])
     summary = f"metal-check: {counter.passed} passed, {counter.failed} failed"
     if counter.skipped:
         summary += f", {counter.skipped} skipped"

@@ -152,13 +152,18 @@ class KernelLibrary:
         self.device = device
         self.name = name
 
-    def implementation(self):
-        """The library as a conformance-suite implementation (gdn_export.ops.conformance)."""
-        from gdn_export.ops.conformance import Implementation
+    def implementation(self, **options):
+        """The library as a conformance-suite implementation (gdn_export.ops.conformance), with ``options``.
+
+        Cases of head dims the kernels do not take are unsupported: they must raise before writing.
+        """
+        from gdn_export.ops.conformance import Implementation, unsupported_head_dims
+        from metal_backend.mps_eager import SUPPORTED_HEAD_DIMS
 
         return Implementation(
             name=f"metal-{self.name}", functional=self.gated_delta_rule, out=self.gated_delta_rule_out,
             inplace=self.gated_delta_rule_inplace_out, device=self.device, fused=self.fused_gated_delta_rule_out,
+            unsupported=unsupported_head_dims(SUPPORTED_HEAD_DIMS, "the Metal kernels"), **options,
         )
 
     def kernel_names(self) -> set[str]:

@@ -16,6 +16,7 @@ from torch import nn
 
 from gdn_export.backends import Backend
 from gdn_export.passes import CachedAttentionOp, InplaceOpRecurrence
+from gdn_export.state_methods import STATE_METHODS, export_state_methods
 
 
 class CpuBackend(Backend):
@@ -29,6 +30,10 @@ class CpuBackend(Backend):
     def partitioners(self, method: str) -> list:
         return []
 
+    def export_methods(self, model, prefill_chunk: int) -> dict:
+        # forward, and the methods that read and write its state (snapshots, prompt cache, chat).
+        return {**super().export_methods(model, prefill_chunk), **export_state_methods(model)}
+
     def lower(self, programs: dict, metadata: dict):
         from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
 
@@ -38,7 +43,13 @@ class CpuBackend(Backend):
             programs, metadata=metadata, partitioners=self.partitioners,
             # Bounds from the dynamic T's constraint size the memory plan; the in-place ops stay in place.
             sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(), run_reinplace_pass=True,
+            share_mutable_buffers=True,
         )
+
+    def conformance_implementations(self) -> list:
+        from runtime_ops.conformance import IMPLEMENTATIONS
+
+        return IMPLEMENTATIONS
 
 
 class XnnpackBackend(CpuBackend):
@@ -49,7 +60,8 @@ class XnnpackBackend(CpuBackend):
     def partitioners(self, method: str) -> list:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-        return [XnnpackPartitioner()]
+        # The state methods only copy buffers: ExecuTorch's portable kernels do that.
+        return [] if method in STATE_METHODS else [XnnpackPartitioner()]
 
 
 class PortableBackend(CpuBackend):

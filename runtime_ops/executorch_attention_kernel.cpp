@@ -3,23 +3,12 @@
 // The start position is read from input_pos inside the program, so every
 // argument is checked here, the position against the cache size included: a
 // bad call fails with an error instead of reading past a cache.
-#include <executorch/runtime/kernel/kernel_includes.h>
-#include <executorch/runtime/kernel/operator_registry.h>
-#include <executorch/runtime/kernel/thread_parallel_interface.h>
-
-#include <cmath>
+#include "executorch_entry.h"
 
 #include "cached_attention.h"
 
 namespace gdn {
 namespace {
-
-using executorch::aten::ScalarType;
-using executorch::aten::Tensor;
-using executorch::runtime::Error;
-using executorch::runtime::EValue;
-using executorch::runtime::KernelRuntimeContext;
-using executorch::runtime::Span;
 
 constexpr const char* kOp = "gdn.cached_attention.out";
 
@@ -76,7 +65,7 @@ void cached_attention_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   problem.length = length;
   problem.head_dim = head_dim;
   problem.start = start;
-  problem.scale = static_cast<float>(stack[4]->isNone() ? 1.0 / std::sqrt(double(head_dim)) : stack[4]->toDouble());
+  problem.scale = scale_or_default(*stack[4], head_dim);
   problem.query = query.const_data_ptr<float>();
   problem.k_cache = k_cache.const_data_ptr<float>();
   problem.v_cache = v_cache.const_data_ptr<float>();
@@ -89,9 +78,7 @@ void cached_attention_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
     problem.k_cache_strides[d] = k_cache.strides()[d];
     problem.v_cache_strides[d] = v_cache.strides()[d];
   }
-  cached_attention(problem, [](int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
-    executorch::extension::parallel_for(begin, end, 1, [&](int64_t first, int64_t last) { body(first, last); });
-  });
+  cached_attention(problem, executorch_parallel_for);
 }
 
 const executorch::runtime::Kernel kKernels[] = {

@@ -6,23 +6,12 @@
 // instead of crashing or writing out of bounds. The kernels are registered
 // boxed: the unboxing helper of ExecuTorch 1.5.1 takes a single out tensor,
 // and gated_delta_rule.out has two.
-#include <executorch/runtime/kernel/kernel_includes.h>
-#include <executorch/runtime/kernel/operator_registry.h>
-#include <executorch/runtime/kernel/thread_parallel_interface.h>
-
-#include <cmath>
+#include "executorch_entry.h"
 
 #include "gated_delta_rule.h"
 
 namespace gdn {
 namespace {
-
-using executorch::aten::ScalarType;
-using executorch::aten::Tensor;
-using executorch::runtime::Error;
-using executorch::runtime::EValue;
-using executorch::runtime::KernelRuntimeContext;
-using executorch::runtime::Span;
 
 std::string dtype_name(ScalarType type) {
   switch (type) {
@@ -104,8 +93,7 @@ void run(KernelRuntimeContext& ctx, const Tensor& query, const Tensor& key, cons
   GatedDeltaRuleProblem problem;
   problem.set_sizes(query, value, g);
   problem.use_qk_l2norm = use_qk_l2norm;
-  problem.scale =
-      static_cast<float>(scale.isNone() ? 1.0 / std::sqrt(double(problem.key_dim)) : scale.toDouble());
+  problem.scale = scale_or_default(scale, problem.key_dim);
   problem.query = view_of(query);
   problem.key = view_of(key);
   problem.value = view_of(value);
@@ -120,9 +108,7 @@ void run(KernelRuntimeContext& ctx, const Tensor& query, const Tensor& key, cons
   problem.output = output.mutable_data_ptr();
   for (int d = 0; d < 4; ++d) problem.output_strides[d] = output.strides()[d];
 
-  gated_delta_rule(problem, [](int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
-    executorch::extension::parallel_for(begin, end, 1, [&](int64_t first, int64_t last) { body(first, last); });
-  });
+  gated_delta_rule(problem, executorch_parallel_for);
 }
 
 // gdn::gated_delta_rule.out(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, output, final_state)

@@ -90,16 +90,23 @@ inline Vec exp_vec(Vec x) {
 
 // ---- element conversions (bit exact, round to nearest even) ----
 
-inline float bfloat16_to_float(uint16_t bits) {
-  uint32_t word = uint32_t(bits) << 16;
+// A float's bits and back (std::bit_cast, which C++17 lacks).
+inline uint32_t bits_of(float value) {
+  uint32_t word;
+  std::memcpy(&word, &value, 4);
+  return word;
+}
+
+inline float float_of_bits(uint32_t word) {
   float value;
   std::memcpy(&value, &word, 4);
   return value;
 }
 
+inline float bfloat16_to_float(uint16_t bits) { return float_of_bits(uint32_t(bits) << 16); }
+
 inline uint16_t float_to_bfloat16(float value) {
-  uint32_t word;
-  std::memcpy(&word, &value, 4);
+  uint32_t word = bits_of(value);
   if ((word & 0x7fffffffu) > 0x7f800000u) return uint16_t((word >> 16) | 0x40);  // quiet NaN
   word += 0x7fffu + ((word >> 16) & 1u);
   return uint16_t(word >> 16);
@@ -117,18 +124,13 @@ inline float float16_to_float(uint16_t half) {
   } else if (mantissa == 0) {
     word = sign;
   } else {  // subnormal half: value = mantissa * 2^-24, exact in float
-    float value = float(mantissa) * 5.9604644775390625e-8f;
-    std::memcpy(&word, &value, 4);
-    word |= sign;
+    word = sign | bits_of(float(mantissa) * 5.9604644775390625e-8f);
   }
-  float value;
-  std::memcpy(&value, &word, 4);
-  return value;
+  return float_of_bits(word);
 }
 
 inline uint16_t float_to_float16(float value) {
-  uint32_t word;
-  std::memcpy(&word, &value, 4);
+  uint32_t word = bits_of(value);
   uint32_t sign = (word >> 16) & 0x8000u;
   uint32_t magnitude = word & 0x7fffffffu;
   if (magnitude > 0x7f800000u) return uint16_t(sign | 0x7e00u);  // NaN
@@ -136,12 +138,7 @@ inline uint16_t float_to_float16(float value) {
   if (magnitude < 0x38800000u) {
     // Below 2^-14 the half is subnormal: adding 0.5 puts its mantissa in the
     // float's low bits, rounded to nearest even by the float addition.
-    float shifted;
-    std::memcpy(&shifted, &magnitude, 4);
-    shifted += 0.5f;
-    uint32_t bits;
-    std::memcpy(&bits, &shifted, 4);
-    return uint16_t(sign | (bits - 0x3f000000u));
+    return uint16_t(sign | (bits_of(float_of_bits(magnitude) + 0.5f) - 0x3f000000u));
   }
   uint32_t odd = (magnitude >> 13) & 1u;
   magnitude += 0xc8000fffu + odd;  // rebias the exponent (127 -> 15) and round

@@ -42,14 +42,13 @@ def test_published_shape_params_are_executorch_model_args_fields():
     assert args.layer_types.count("full_attention") == 6 and args.layer_types[3::4] == ["full_attention"] * 6
 
 
-def test_executorch_model_from_params_matches_transformers():
+def test_executorch_model_from_params_matches_transformers(seed):
     """ExecuTorch's llama Transformer built from our params JSON and its converted weights computes HF's logits."""
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
     from executorch.examples.models.qwen3_5.convert_weights import qwen_3_5_to_meta
     from transformers import Qwen3_5ForCausalLM
 
-    seed = torch.seed()
     torch.manual_seed(seed)
     config = tiny_hf_config(seed)
     reference = Qwen3_5ForCausalLM(config).eval()
@@ -69,10 +68,9 @@ def test_executorch_model_from_params_matches_transformers():
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4, msg=lambda m: f"seed {seed}: {m}")
 
 
-def test_decode_weight_bytes_counts_every_parameter_once(tmp_path):
+def test_decode_weight_bytes_counts_every_parameter_once(tmp_path, seed):
     from transformers import Qwen3_5ForCausalLM
 
-    seed = torch.seed()
     model = Qwen3_5ForCausalLM(tiny_hf_config(seed))
     model.save_pretrained(tmp_path)
     unique = {id(p): p.numel() for p in model.parameters()}  # the tied lm_head is the embedding
@@ -90,8 +88,7 @@ def test_run_child_reports_that_childs_time_and_peak_rss(tmp_path):
     assert failing.returncode == 3
 
 
-def test_report_ratios_and_floor_checks():
-    generator = torch.Generator().manual_seed(torch.seed())
+def test_report_ratios_and_floor_checks(generator):
     hf_prefill, hf_decode, et_decode = (float(v) for v in 10 + 50 * torch.rand(3, generator=generator))
     results = {
         "ours": {"prefill_tok_s": {"128": 9 * hf_prefill, "512": 1.25 * hf_prefill}, "decode_tok_s": 2.5 * hf_decode,

@@ -31,11 +31,10 @@ from gdn_export.passes import rewrite  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(tmp_path_factory, module_seed):
     from gdn_export.tiny import make_tiny_checkpoint
 
-    seed = torch.seed() % 2**31
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), key_head_dim=64, value_head_dim=64, seed=seed)
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), key_head_dim=64, value_head_dim=64, seed=module_seed)
 
 
 @pytest.fixture(scope="module")
@@ -73,16 +72,14 @@ def test_rewrite_for_cuda_gives_the_triton_recurrence(cuda_model):
 
 
 @directly
-def test_depthwise_conv1d_decomposition_matches_conv1d():
-    seed = torch.seed()
-    generator = torch.Generator().manual_seed(seed)
+def test_depthwise_conv1d_decomposition_matches_conv1d(generator):
     channels = 12
     x = torch.randn(2, channels, 9, generator=generator)
     weight = torch.randn(channels, 1, 4, generator=generator)
     bias = torch.randn(channels, generator=generator)
     expected = F.conv1d(x, weight, bias, groups=channels)
     actual = depthwise_conv1d_as_products(x, weight, bias, [1], [0], [1], False, [0], channels)
-    assert torch.allclose(actual, expected, atol=1e-5), f"seed {seed}"
+    assert torch.allclose(actual, expected, atol=1e-5)
     # Any other convolution is left to the default lowering.
     assert depthwise_conv1d_as_products(x, weight.repeat(1, 2, 1)[:6], None, [1], [0], [1], False, [0], 6) \
         is NotImplemented

@@ -1,10 +1,11 @@
-"""cuda_backend's Triton kernels against the reference.
+"""cuda_backend's Triton kernels: what the conformance table does not cover.
 
-Without a GPU the kernels run under Triton's interpreter, in a child process
-(tests/triton_interpreter.py). In that child, or on a machine with CUDA, the
-real tests below run: a subset of the conformance table (decode and prefill,
-GDA and KDA, Hv/Hk = 2, Dk != Dv, in-place state, bf16, strided inputs, the
-fused op), error cases, and on CUDA the full-size cases.
+The table's rows of these kernels run in tests/conformance (``op-cuda`` on a
+GPU, ``cuda-triton-interpreter`` under Triton's interpreter). Here: the
+in-place state is the caller's own tensor, refused head sizes and bad shapes
+raise before anything is written, and on CUDA the full-size cases. Without a
+GPU these run under Triton's interpreter, in a child process
+(tests/triton_interpreter.py).
 """
 
 from __future__ import annotations
@@ -15,16 +16,7 @@ import pytest
 import torch
 
 from gdn_export.ops import reference
-from gdn_export.ops.conformance import (
-    OpCase,
-    expected_fused_outputs,
-    expected_outputs,
-    make_fused_inputs,
-    make_inputs,
-    relative_error,
-    run_case,
-    run_fused_case,
-)
+from gdn_export.ops.conformance import OpCase, check_results, expected_outputs, make_inputs
 from tests.triton_interpreter import DEVICE, INTERPRETED, ON_CUDA, rerun_module
 
 
@@ -34,88 +26,38 @@ if not (INTERPRETED or ON_CUDA):
         rerun_module(__file__)
 
 else:
-    from tests.conformance.triton_implementations import triton_implementation
+    import cuda_backend
 
-    IMPLEMENTATION = triton_implementation(DEVICE)
     base = OpCase(batch=2, num_k_heads=2, num_v_heads=4, key_dim=64, value_dim=128, call="out_inplace")
-    KERNEL_CASES = [
-        # decode (per-token kernel)
-        dataclasses.replace(base, length=1),
-        dataclasses.replace(base, length=1, gate="per_channel", call="inplace"),
-        dataclasses.replace(base, length=1, key_dim=128, value_dim=64, dtype=torch.bfloat16),
-        dataclasses.replace(base, length=5, gate="per_channel", strided=True, call="out", use_qk_l2norm=False),
-        dataclasses.replace(base, length=3, num_k_heads=1, num_v_heads=1, key_dim=256, value_dim=64,
-                            call="functional", scale=0.3),
-        # prefill (chunked kernels): partial last chunk, both gate kinds, split calls, bf16
-        dataclasses.replace(base, length=70, batch=1, call="functional"),
-        dataclasses.replace(base, length=40, batch=1, gate="per_channel", call="inplace"),
-        dataclasses.replace(base, length=70, batch=1, split_at=20, extreme="g_min"),
-        dataclasses.replace(base, length=64, batch=1, key_dim=128, value_dim=64, dtype=torch.bfloat16,
-                            strided=True, call="out"),
-    ]
 
-    def _check(case, output, final_state, expected_output, expected_state, seed):
-        assert output.dtype == case.dtype and final_state.dtype == torch.float32
-        output_error = relative_error(output, expected_output)
-        state_error = relative_error(final_state, expected_state)
-        assert output_error <= case.tolerance, f"output error {output_error:.3g} (seed {seed})"
-        assert state_error <= case.tolerance, f"final_state error {state_error:.3g} (seed {seed})"
-
-    @pytest.mark.parametrize("case", KERNEL_CASES, ids=lambda case: case.name)
-    def test_gated_delta_rule(case):
-        seed = torch.seed()
-        inputs = make_inputs(case, torch.Generator().manual_seed(seed), device=DEVICE)
-        expected_output, expected_state = expected_outputs(case, inputs)
-        untouched = [t.clone() for t in inputs.as_args()]
-        output, final_state = run_case(IMPLEMENTATION, case, inputs)
-        _check(case, output, final_state, expected_output, expected_state, seed)
-        for before, after in zip(untouched, inputs.as_args()):
-            assert torch.equal(before, after), "an input was modified"
-
-    def test_in_place_state_is_the_callers_tensor():
+    def test_in_place_state_is_the_callers_tensor(generator):
         """final_state=initial_state: the kernel writes the caller's buffer itself (no copy)."""
-        seed = torch.seed()
         case = dataclasses.replace(base, length=1)
-        inputs = make_inputs(case, torch.Generator().manual_seed(seed), device=DEVICE)
+        inputs = make_inputs(case, generator, device=DEVICE)
         expected_output, expected_state = expected_outputs(case, inputs)
         state = inputs.initial_state
         pointer = state.data_ptr()
-        output, final_state = IMPLEMENTATION.functional(
+        output, final_state = cuda_backend.gated_delta_rule(
             *inputs.as_args()[:5], state, use_qk_l2norm=True, final_state=state
         )
         assert final_state is state and state.data_ptr() == pointer
-        _check(case, output, state, expected_output, expected_state, seed)
+        check_results(case, output, expected_output, state, expected_state)
 
-    FUSED_KERNEL_CASES = [
-        dataclasses.replace(base, length=1, call="inplace"),
-        dataclasses.replace(base, length=1, call="inplace", dtype=torch.bfloat16, key_dim=128, value_dim=128),
-        dataclasses.replace(base, length=40, batch=1, call="inplace", split_at=33),
-    ]
-
-    @pytest.mark.parametrize("case", FUSED_KERNEL_CASES, ids=lambda case: case.name)
-    def test_fused_gated_delta_rule(case):
-        """The fused op against the unfused reference after reference gating."""
-        seed = torch.seed()
-        inputs = make_fused_inputs(case, torch.Generator().manual_seed(seed), device=DEVICE)
-        expected_output, expected_state = expected_fused_outputs(case, inputs)
-        output, final_state = run_fused_case(IMPLEMENTATION, case, inputs)
-        _check(case, output, final_state, expected_output, expected_state, seed)
-
-    def test_unsupported_head_size_raises_before_writing():
+    def test_unsupported_head_size_raises_before_writing(generator):
         case = dataclasses.replace(base, key_dim=32, length=1)
-        inputs = make_inputs(case, torch.Generator().manual_seed(torch.seed()), device=DEVICE)
+        inputs = make_inputs(case, generator, device=DEVICE)
         state = inputs.initial_state.clone()
         with pytest.raises(NotImplementedError, match="Dk=32"):
-            IMPLEMENTATION.functional(*inputs.as_args()[:5], state, final_state=state)
+            cuda_backend.gated_delta_rule(*inputs.as_args()[:5], state, final_state=state)
         assert torch.equal(state, inputs.initial_state)
 
-    def test_bad_shapes_raise_before_writing():
-        inputs = make_inputs(dataclasses.replace(base, length=1), torch.Generator().manual_seed(torch.seed()), device=DEVICE)
+    def test_bad_shapes_raise_before_writing(generator):
+        inputs = make_inputs(dataclasses.replace(base, length=1), generator, device=DEVICE)
         state = inputs.initial_state.clone()
         with pytest.raises(ValueError, match="beta"):
-            IMPLEMENTATION.functional(*inputs.as_args()[:4], inputs.beta[:, :, :2], state, final_state=state)
+            cuda_backend.gated_delta_rule(*inputs.as_args()[:4], inputs.beta[:, :, :2], state, final_state=state)
         with pytest.raises(ValueError, match="output"):
-            IMPLEMENTATION.functional(
+            cuda_backend.gated_delta_rule(
                 *inputs.as_args()[:5], state, output=inputs.value[:, :, :2].clone(), final_state=state
             )
         assert torch.equal(state, inputs.initial_state)
@@ -132,9 +74,8 @@ else:
         ] + [dataclasses.replace(qwen, batch=4, length=1000, gate="per_channel")]
 
         @pytest.mark.parametrize("case", FULL_SIZE_CASES, ids=lambda case: case.name)
-        def test_full_size_on_cuda(case):
-            seed = torch.seed()
-            inputs = make_inputs(case, torch.Generator().manual_seed(seed), device="cuda")
+        def test_full_size_on_cuda(case, generator):
+            inputs = make_inputs(case, generator, device="cuda")
             # fp64 chunked reference on the GPU (the per-token form would take minutes at T = 8192).
             args = [t.to(torch.float64) for t in inputs.as_args()]
             expected_output, expected_state = reference.chunked_gated_delta_rule(*args, use_qk_l2norm=True)
@@ -143,4 +84,4 @@ else:
             torch.ops.gdn.gated_delta_rule.out(
                 *inputs.as_args()[:5], state, use_qk_l2norm=True, output=output, final_state=state
             )
-            _check(case, output, state, expected_output, expected_state, seed)
+            check_results(case, output, expected_output, state, expected_state)

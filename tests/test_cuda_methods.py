@@ -35,16 +35,15 @@ from cuda_backend import executorch_runtime  # noqa: E402
 from cuda_backend.backend import CUDA  # noqa: E402
 from cuda_backend.lowering import cuda_decompositions  # noqa: E402
 
-SEED = torch.seed() % 2**31  # one seed for the module; every message below names it
 PREFILL_CHUNK = 8
 MAX_SEQ_LEN = 64
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(tmp_path_factory, module_seed):
     from gdn_export.tiny import make_tiny_checkpoint
 
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), key_head_dim=64, value_head_dim=64, seed=SEED)
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), key_head_dim=64, value_head_dim=64, seed=module_seed)
 
 
 def _cuda_model(checkpoint, dtype=torch.float32):
@@ -89,7 +88,7 @@ def _triton_kernels(decomposed) -> set[str]:
 def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(methods, decomposed):
     assert sorted(methods) == ["decode", "prefill"]
     layers = 2  # linear-attention layers of the tiny model
-    assert _gdn_ops(methods["decode"]) == ["gdn_cuda.fused_recurrent_gated_delta_rule.default"] * layers, f"seed {SEED}"
+    assert _gdn_ops(methods["decode"]) == ["gdn_cuda.fused_recurrent_gated_delta_rule.default"] * layers
     assert _gdn_ops(methods["prefill"]) == ["gdn_cuda.fused_chunked_gated_delta_rule.default"] * layers
     decode_kernels, prefill_kernels = _triton_kernels(decomposed["decode"]), _triton_kernels(decomposed["prefill"])
     assert decode_kernels == {"recurrent_gated_delta_rule_kernel"}, decode_kernels
@@ -161,15 +160,14 @@ print(json.dumps(errors))
 
 
 @directly
-def test_decode_and_prefill_programs_continue_each_other_like_the_reference(checkpoint, methods, tmp_path):
+def test_decode_and_prefill_programs_continue_each_other_like_the_reference(checkpoint, methods, tmp_path,
+                                                                           generator):
     """Prefill, decode steps, a full-size chunk, more decode, then a new sequence at position 0:
     each call's logits are the reference model's (one state, whichever method runs)."""
     paths = {}
     for name, program in methods.items():
         paths[name] = tmp_path / f"{name}.pt2"
         torch.export.save(program, paths[name])
-    generator = torch.Generator().manual_seed(SEED)
-
     def tokens(count):
         return torch.randint(0, 300, (count,), generator=generator).tolist()
 
@@ -178,7 +176,7 @@ def test_decode_and_prefill_programs_continue_each_other_like_the_reference(chec
     output = run_under_triton_interpreter(RUN_METHODS, str(paths["decode"]), str(paths["prefill"]), str(checkpoint),
                                           json.dumps(calls), str(MAX_SEQ_LEN))
     errors = json.loads(output.strip().splitlines()[-1])
-    assert len(errors) == len(calls) and max(errors) <= 1e-5, f"seed {SEED}: relative errors per call {errors}"
+    assert len(errors) == len(calls) and max(errors) <= 1e-5, f"relative errors per call {errors}"
 
 
 # --- ProgramRunner on a two-method program ----------------------------------------------------

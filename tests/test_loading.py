@@ -14,25 +14,6 @@ from gdn_export.passes import rewrite
 from gdn_export.tiny import MODEL_VOCAB_SIZE, SPECIAL_TOKENS, make_tiny_checkpoint, tiny_config, tiny_hf_model
 
 
-def fresh_seed() -> int:
-    return torch.seed() % 2**31
-
-
-@pytest.fixture(scope="module")
-def seed():
-    return fresh_seed()
-
-
-@pytest.fixture(scope="module")
-def dense_checkpoint(tmp_path_factory, seed):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("dense"), seed=seed)
-
-
-@pytest.fixture(scope="module")
-def moe_checkpoint(tmp_path_factory, seed):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("moe"), moe=True, wrapper=True, seed=seed)
-
-
 def copy_checkpoint(source, destination):
     shutil.copytree(source, destination)
     return destination
@@ -53,12 +34,13 @@ def random_tokens(length, seed):
 # ---------------------------------------------------------------- layouts
 
 
-def test_sharded_checkpoint_loads_the_same_weights(dense_checkpoint, tmp_path, seed):
+def test_sharded_checkpoint_loads_the_same_weights(dense_checkpoint, tmp_path, module_seed):
+    # The same weights as dense_checkpoint (built from the module's seed), saved in shards.
     sharded = tmp_path / "sharded"
-    tiny_hf_model(tiny_config(), seed).save_pretrained(sharded, max_shard_size="40KB")
+    tiny_hf_model(tiny_config(), module_seed).save_pretrained(sharded, max_shard_size="40KB")
     assert (sharded / "model.safetensors.index.json").is_file()
     assert len(list(sharded.glob("*.safetensors"))) > 1
-    assert_same_parameters(load_qwen35(sharded), load_qwen35(dense_checkpoint), seed)
+    assert_same_parameters(load_qwen35(sharded), load_qwen35(dense_checkpoint), module_seed)
 
 
 def test_stacked_expert_tensors_load_like_per_expert_ones(moe_checkpoint, tmp_path, seed):
@@ -226,8 +208,7 @@ def test_bad_arguments(dense_checkpoint):
 # ---------------------------------------------------------------- tiny checkpoints
 
 
-def test_tiny_checkpoint_is_deterministic(tmp_path):
-    seed = fresh_seed()
+def test_tiny_checkpoint_is_deterministic(tmp_path, seed):
     first = make_tiny_checkpoint(tmp_path / "a", seed=seed)
     second = make_tiny_checkpoint(tmp_path / "b", seed=seed)
     for name in ("model.safetensors", "tokenizer.json", "config.json", "generation_config.json"):

@@ -6,7 +6,8 @@ one after another. Here it runs them in grid order, reversed, and shuffled
 (threadgroups, and the threads of a threadgroup in every scheduling round),
 over conformance cases that cover both kernels, both gate kinds, bf16, a
 prefill split in two calls and in-place state; every order must give
-bit-identical outputs and states. Seeds (inputs, shuffles) are printed.
+bit-identical outputs and states. Inputs come from the ``seed`` fixture (a
+failure prints the replay command); the shuffles' seeds are fixed.
 
 A racy kernel shows the orders really change what runs first: the last
 threadgroup and the last lane to write one word differ between orders.
@@ -51,28 +52,24 @@ def _results_in_every_order(run) -> dict:
     return results
 
 
-def _assert_identical(results: dict, input_seed: int) -> None:
+def _assert_identical(results: dict) -> None:
     (reference_order, reference) = next(iter(results.items()))
     for order, tensors in results.items():
         for name, expected, actual in zip(("output", "state"), reference, tensors):
             assert torch.equal(expected, actual), (
-                f"{name} differs between {reference_order} and {order} (order, shuffle seed); input seed {input_seed}"
+                f"{name} differs between {reference_order} and {order} (order, shuffle seed)"
             )
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
-def test_every_order_gives_bit_identical_results(case):
-    seed = torch.seed()
-    print(f"{case.name}: input seed {seed}, orders {list(_orders())}")
-    inputs = make_inputs(case, torch.Generator().manual_seed(seed))
-    _assert_identical(_results_in_every_order(lambda: run_case(EMULATED, case, inputs)), seed)
+def test_every_order_gives_bit_identical_results(case, generator):
+    inputs = make_inputs(case, generator)
+    _assert_identical(_results_in_every_order(lambda: run_case(EMULATED, case, inputs)))
 
 
-def test_every_order_gives_bit_identical_fused_results():
-    seed = torch.seed()
-    print(f"{FUSED_CASE.name}: input seed {seed}, orders {list(_orders())}")
-    inputs = make_fused_inputs(FUSED_CASE, torch.Generator().manual_seed(seed))
-    _assert_identical(_results_in_every_order(lambda: run_fused_case(EMULATED, FUSED_CASE, inputs)), seed)
+def test_every_order_gives_bit_identical_fused_results(generator):
+    inputs = make_fused_inputs(FUSED_CASE, generator)
+    _assert_identical(_results_in_every_order(lambda: run_fused_case(EMULATED, FUSED_CASE, inputs)))
 
 
 RACY_KERNEL = r"""

@@ -14,7 +14,8 @@
   refuses a program whose gdn op updates a non-packed view, before and after
   functionalization, and passes Qwen3.5 rewritten for Metal (whole-buffer states).
 
-Each test prints its seed on failure.
+Inputs come from the ``seed`` fixture (a failure prints the replay command);
+results go through the conformance table's check (``check_results``).
 """
 
 from __future__ import annotations
@@ -25,12 +26,7 @@ from torch import nn
 
 from gdn_export import load_qwen35, rewrite
 from gdn_export.ops.conformance import (
-    OpCase,
-    expected_fused_outputs,
-    expected_outputs,
-    make_fused_inputs,
-    make_inputs,
-    relative_error,
+    OpCase, check_results, expected_fused_outputs, expected_outputs, make_fused_inputs, make_inputs,
 )
 from gdn_export.tiny import make_tiny_checkpoint
 from metal_backend import emulation, lowering
@@ -53,9 +49,8 @@ def holed_view(state: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", [DECODE, PREFILL_KDA], ids=lambda case: case.name)
-def test_contiguous_and_strided_state_paths_agree_bit_for_bit(case):
-    seed = torch.seed()
-    inputs = make_inputs(case, torch.Generator().manual_seed(seed))
+def test_contiguous_and_strided_state_paths_agree_bit_for_bit(case, generator):
+    inputs = make_inputs(case, generator)
     expected_output, expected_state = expected_outputs(case, inputs)
     results = {}
     for layout, relayout in (("contiguous", torch.Tensor.contiguous), ("column-strided", transposed_storage)):
@@ -65,16 +60,14 @@ def test_contiguous_and_strided_state_paths_agree_bit_for_bit(case):
         emulation.gated_delta_rule_inplace_out(
             *inputs.as_args()[:5], state, scale=case.scale, use_qk_l2norm=case.use_qk_l2norm, output=output
         )
-        assert relative_error(output, expected_output) <= case.tolerance, f"{layout} output (seed {seed})"
-        assert relative_error(state, expected_state) <= case.tolerance, f"{layout} state (seed {seed})"
+        check_results(case, output, expected_output, state, expected_state)
         results[layout] = (output, state)
     for contiguous, strided in zip(results["contiguous"], results["column-strided"]):
-        assert torch.equal(contiguous, strided), f"the two state paths differ (seed {seed})"
+        assert torch.equal(contiguous, strided), "the two state paths differ"
 
 
-def test_non_packed_state_is_refused_in_place_before_writing():
-    seed = torch.seed()
-    inputs = make_inputs(DECODE, torch.Generator().manual_seed(seed))
+def test_non_packed_state_is_refused_in_place_before_writing(generator):
+    inputs = make_inputs(DECODE, generator)
     state = holed_view(inputs.initial_state)
     untouched = state.clone()
     output = torch.full_like(inputs.value, float("nan"))
@@ -83,34 +76,30 @@ def test_non_packed_state_is_refused_in_place_before_writing():
         emulation.gated_delta_rule_inplace_out(*inputs.as_args()[:5], state, output=output)
     with pytest.raises(NotImplementedError, match=message):
         emulation.gated_delta_rule_out(*inputs.as_args()[:5], state, output=output, final_state=state)
-    assert output.isnan().all() and torch.equal(state, untouched), f"written before refusing (seed {seed})"
+    assert output.isnan().all() and torch.equal(state, untouched), "written before refusing"
 
 
-def test_non_packed_state_is_read_as_an_initial_state():
-    seed = torch.seed()
-    inputs = make_inputs(DECODE, torch.Generator().manual_seed(seed))
+def test_non_packed_state_is_read_as_an_initial_state(generator):
+    inputs = make_inputs(DECODE, generator)
     expected_output, expected_state = expected_outputs(DECODE, inputs)
     output, final_state = emulation.gated_delta_rule(
         *inputs.as_args()[:5], holed_view(inputs.initial_state), use_qk_l2norm=DECODE.use_qk_l2norm
     )
-    assert relative_error(output, expected_output) <= DECODE.tolerance, f"seed {seed}"
-    assert relative_error(final_state, expected_state) <= DECODE.tolerance, f"seed {seed}"
+    check_results(DECODE, output, expected_output, final_state, expected_state)
 
 
-def test_fused_kernel_refuses_a_non_packed_state_and_takes_a_permuted_one():
+def test_fused_kernel_refuses_a_non_packed_state_and_takes_a_permuted_one(generator):
     case = OpCase(length=2, num_k_heads=1, num_v_heads=2, key_dim=64, value_dim=64)
-    seed = torch.seed()
-    inputs = make_fused_inputs(case, torch.Generator().manual_seed(seed))
+    inputs = make_fused_inputs(case, generator)
     expected_output, expected_state = expected_fused_outputs(case, inputs)
     output = torch.full((case.batch, case.length, case.num_v_heads, case.value_dim), float("nan"))
     holed = holed_view(inputs.state)
     with pytest.raises(NotImplementedError, match="non-packed view"):
         emulation.fused_gated_delta_rule_out(*inputs.as_args()[:5], holed, output=output)
-    assert output.isnan().all() and torch.equal(holed, inputs.state), f"seed {seed}"
+    assert output.isnan().all() and torch.equal(holed, inputs.state)
     permuted = transposed_storage(inputs.state.clone())
     emulation.fused_gated_delta_rule_out(*inputs.as_args()[:5], permuted, output=output)
-    assert relative_error(output, expected_output) <= case.tolerance, f"seed {seed}"
-    assert relative_error(permuted, expected_state) <= case.tolerance, f"seed {seed}"
+    check_results(case, output, expected_output, permuted, expected_state)
 
 
 class FusedCall(nn.Module):

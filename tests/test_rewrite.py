@@ -12,7 +12,7 @@ from cuda_backend.recurrence import CudaFusedRecurrence
 from gdn_export import backends
 from gdn_export.passes import CachedAttentionOp, FusedOpRecurrence, InplaceOpRecurrence, rewrite
 from runtime_ops.loader import is_loaded as runtime_ops_available
-from gdn_export.tiny import MODEL_VOCAB_SIZE, make_tiny_checkpoint
+from gdn_export.tiny import MODEL_VOCAB_SIZE
 
 MAX_SEQ_LEN = 32
 OPS = {
@@ -20,21 +20,6 @@ OPS = {
     "xnnpack": torch.ops.gdn.gated_delta_rule_inplace.default,
     "cuda": torch.ops.gdn_cuda.fused_chunked_gated_delta_rule.default,  # any T (dynamic here)
 }
-
-
-@pytest.fixture(scope="module")
-def seed():
-    return torch.seed() % 2**31
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory, seed):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), seed=seed)
-
-
-@pytest.fixture(scope="module")
-def moe_checkpoint(tmp_path_factory, seed):
-    return make_tiny_checkpoint(tmp_path_factory.mktemp("moe"), moe=True, wrapper=True, seed=seed)
 
 
 def linear_attention_layers(model):
@@ -77,11 +62,11 @@ def assert_runs_like_eager(program, checkpoint, backend, calls, seed):
 # ---------------------------------------------------------------- the table
 
 
-def test_each_backend_gets_its_recurrence(checkpoint):
+def test_each_backend_gets_its_recurrence(dense_checkpoint):
     expected = {"portable": InplaceOpRecurrence, "xnnpack": InplaceOpRecurrence,
                 "cuda": CudaFusedRecurrence, "metal": FusedOpRecurrence}
     for backend, recurrence_class in expected.items():
-        model = load_qwen35(checkpoint, max_seq_len=8)
+        model = load_qwen35(dense_checkpoint, max_seq_len=8)
         assert all(isinstance(layer.recurrence, PerTokenRecurrence) for layer in linear_attention_layers(model))
         assert rewrite(model, backend=backend) is model
         layers = linear_attention_layers(model)
@@ -92,13 +77,13 @@ def test_each_backend_gets_its_recurrence(checkpoint):
         assert all(type(layer.attend) is attention_class for layer in full_attention_layers(model)), backend
 
 
-def test_non_float32_caches_keep_the_masked_attention(checkpoint):
-    model = rewrite(load_qwen35(checkpoint, dtype=torch.bfloat16, max_seq_len=8), backend="xnnpack")
+def test_non_float32_caches_keep_the_masked_attention(dense_checkpoint):
+    model = rewrite(load_qwen35(dense_checkpoint, dtype=torch.bfloat16, max_seq_len=8), backend="xnnpack")
     assert all(type(layer.attend) is MaskedCacheAttention for layer in full_attention_layers(model))
 
 
-def test_unknown_backend_is_rejected_with_the_valid_names(checkpoint):
-    model = load_qwen35(checkpoint, max_seq_len=8)
+def test_unknown_backend_is_rejected_with_the_valid_names(dense_checkpoint):
+    model = load_qwen35(dense_checkpoint, max_seq_len=8)
     with pytest.raises(ValueError, match=r"unknown backend 'vulkan'; expected one of xnnpack, portable, cuda, metal"):
         rewrite(model, backend="vulkan")
     assert all(isinstance(layer.recurrence, PerTokenRecurrence) for layer in linear_attention_layers(model))
@@ -118,14 +103,14 @@ class MyGpuBackend(backends.Backend):
 MY_GPU = MyGpuBackend()
 
 
-def test_a_registered_backend_is_found_by_name(checkpoint, monkeypatch):
+def test_a_registered_backend_is_found_by_name(dense_checkpoint, monkeypatch):
     """A new backend is one entry point: the registry imports it by name, rewrite uses it."""
     entries = {**backends._entry_points(backends.BACKENDS_GROUP), "my_gpu": f"{__name__}:MY_GPU"}
     monkeypatch.setattr(backends, "_entry_points", lambda group: entries)
     backends.get_backend.cache_clear()
     try:
         assert backends.backend_names()[-1] == "my_gpu"
-        model = rewrite(load_qwen35(checkpoint, max_seq_len=8), backend="my_gpu")
+        model = rewrite(load_qwen35(dense_checkpoint, max_seq_len=8), backend="my_gpu")
     finally:
         backends.get_backend.cache_clear()
     assert all(type(layer.recurrence) is MarkedRecurrence for layer in linear_attention_layers(model))
@@ -137,8 +122,8 @@ def test_a_registered_backend_is_found_by_name(checkpoint, monkeypatch):
 
 
 @pytest.mark.parametrize("backend, moe", [("portable", False), ("cuda", False), ("xnnpack", True)])
-def test_rewritten_model_exports_one_op_per_layer_for_any_length(checkpoint, moe_checkpoint, backend, moe, seed):
-    checkpoint = moe_checkpoint if moe else checkpoint
+def test_rewritten_model_exports_one_op_per_layer_for_any_length(dense_checkpoint, moe_checkpoint, backend, moe, seed):
+    checkpoint = moe_checkpoint if moe else dense_checkpoint
     model = rewrite(load_qwen35(checkpoint, max_seq_len=MAX_SEQ_LEN), backend=backend)
     program = export(model, length=5, dynamic=True)
     targets = call_targets(program)
@@ -158,24 +143,24 @@ def test_rewritten_model_exports_one_op_per_layer_for_any_length(checkpoint, moe
     assert_runs_like_eager(program, checkpoint, backend, [(prompt, 0), (next_token, 7)], seed)
 
 
-def test_unrewritten_model_exports_at_fixed_length_without_the_op(checkpoint, seed):
-    model = load_qwen35(checkpoint, max_seq_len=MAX_SEQ_LEN)
+def test_unrewritten_model_exports_at_fixed_length_without_the_op(dense_checkpoint, seed):
+    model = load_qwen35(dense_checkpoint, max_seq_len=MAX_SEQ_LEN)
     short, longer = export(model, length=2), export(model, length=3)
     for program in (short, longer):
         assert not any("gdn" in str(target) for target in call_targets(program))
     # The per-token loop is unrolled: one more token, more nodes.
     assert len(call_targets(longer)) > len(call_targets(short))
     tokens = random_tokens(3, torch.Generator().manual_seed(seed))
-    assert_runs_like_eager(longer, checkpoint, None, [(tokens, 0)], seed)
+    assert_runs_like_eager(longer, dense_checkpoint, None, [(tokens, 0)], seed)
 
 
 # ---------------------------------------------------------------- the emitted program
 
 
-def test_emitted_program_updates_state_and_caches_in_place(checkpoint, seed):
+def test_emitted_program_updates_state_and_caches_in_place(dense_checkpoint, seed):
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
 
-    model = load_qwen35(checkpoint, max_seq_len=MAX_SEQ_LEN)
+    model = load_qwen35(dense_checkpoint, max_seq_len=MAX_SEQ_LEN)
     model.all_logits = False
     rewrite(model, backend="portable")
     edge = to_edge(export(model, length=4, dynamic=True), compile_config=EdgeCompileConfig(_check_ir_validity=False))
@@ -218,7 +203,7 @@ def test_emitted_program_updates_state_and_caches_in_place(checkpoint, seed):
         from executorch.extension.pybindings.portable_lib import _load_for_executorch_from_buffer
 
         program = _load_for_executorch_from_buffer(lowered.buffer)
-        eager = load_qwen35(checkpoint, max_seq_len=MAX_SEQ_LEN)
+        eager = load_qwen35(dense_checkpoint, max_seq_len=MAX_SEQ_LEN)
         eager.all_logits = False
         generator = torch.Generator().manual_seed(seed)
         for tokens, position in ((random_tokens(6, generator), 0), (random_tokens(1, generator), 6),

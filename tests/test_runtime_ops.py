@@ -1,7 +1,7 @@
 """The C++ CPU kernel (runtime_ops/): loading, in-place state, bad input, .pte state.
 
 Numerical conformance over the whole case table runs in tests/conformance/
-(``op-cpu`` eagerly, ``runtime-ops-pte`` inside ExecuTorch programs); these
+(``runtime-ops-eager``, ``runtime-ops-pte`` inside ExecuTorch programs); these
 tests cover what the table does not.
 """
 
@@ -17,13 +17,12 @@ from gdn_export.ops import contract, reference
 from gdn_export.ops.conformance import OpCase, make_inputs, relative_error
 from runtime_ops import loader
 from runtime_ops.build import ATEN_LIBRARY_NAME
-from tests.conformance.runtime_ops_implementations import export_program
+from runtime_ops.conformance import export_program
 
 
-def fresh_inputs(**case_fields):
-    seed = torch.seed()
+def fresh_inputs(generator, **case_fields):
     case = OpCase(**case_fields)
-    return case, make_inputs(case, torch.Generator().manual_seed(seed)), seed
+    return case, make_inputs(case, generator)
 
 
 def test_cpu_dispatch_runs_the_cpp_kernel():
@@ -36,8 +35,8 @@ def test_cpu_dispatch_runs_the_cpp_kernel():
 
 @pytest.mark.parametrize("length", [1, 40])  # token by token, and the chunked form
 @pytest.mark.parametrize("gate", ["scalar", "per_channel"])
-def test_out_in_place_matches_functional(length, gate):
-    case, inputs, seed = fresh_inputs(length=length, gate=gate)
+def test_out_in_place_matches_functional(length, gate, generator):
+    case, inputs = fresh_inputs(generator, length=length, gate=gate)
     args = inputs.as_args()
     expected_output, expected_state = torch.ops.gdn.gated_delta_rule(*args[:5], args[5], use_qk_l2norm=True)
     state = args[5].clone()
@@ -46,37 +45,37 @@ def test_out_in_place_matches_functional(length, gate):
         *args[:5], state, use_qk_l2norm=True, output=output, final_state=state
     )
     assert result[1].data_ptr() == state.data_ptr()
-    assert torch.equal(output, expected_output), f"seed {seed}"
-    assert torch.equal(state, expected_state), f"seed {seed}"
+    assert torch.equal(output, expected_output)
+    assert torch.equal(state, expected_state)
     reference_output, reference_state = reference.recurrent_gated_delta_rule(
         *[t.double() for t in args], use_qk_l2norm=True
     )
-    assert relative_error(output, reference_output) <= case.tolerance, f"seed {seed}"
-    assert relative_error(state, reference_state) <= case.tolerance, f"seed {seed}"
+    assert relative_error(output, reference_output) <= case.tolerance
+    assert relative_error(state, reference_state) <= case.tolerance
 
 
 @pytest.mark.parametrize("length", [1, 3, 40])  # token by token, and the chunked form
 @pytest.mark.parametrize("gate", ["scalar", "per_channel"])
 @pytest.mark.parametrize("key_dim, value_dim", [(5, 7), (20, 150)])
-def test_head_dims_off_the_vector_width(length, gate, key_dim, value_dim):
+def test_head_dims_off_the_vector_width(length, gate, key_dim, value_dim, generator):
     """Dv not a multiple of the vector width: the decode passes' leftover columns, the chunked form's padded states."""
-    case, inputs, seed = fresh_inputs(
-        length=length, gate=gate, key_dim=key_dim, value_dim=value_dim, num_k_heads=2, num_v_heads=6
+    case, inputs = fresh_inputs(
+        generator, length=length, gate=gate, key_dim=key_dim, value_dim=value_dim, num_k_heads=2, num_v_heads=6
     )
     args = inputs.as_args()
     output, final_state = torch.ops.gdn.gated_delta_rule(*args[:5], args[5], use_qk_l2norm=True)
     reference_output, reference_state = reference.recurrent_gated_delta_rule(
         *[t.double() for t in args], use_qk_l2norm=True
     )
-    assert relative_error(output, reference_output) <= case.tolerance, f"seed {seed}"
-    assert relative_error(final_state, reference_state) <= case.tolerance, f"seed {seed}"
+    assert relative_error(output, reference_output) <= case.tolerance
+    assert relative_error(final_state, reference_state) <= case.tolerance
     state = args[5].clone()
     in_place_output = torch.empty_like(args[2])
     torch.ops.gdn.gated_delta_rule.out(
         *args[:5], state, use_qk_l2norm=True, output=in_place_output, final_state=state
     )
-    assert torch.equal(in_place_output, output), f"seed {seed}"
-    assert torch.equal(state, final_state), f"seed {seed}"
+    assert torch.equal(in_place_output, output)
+    assert torch.equal(state, final_state)
 
 
 def test_eager_kernel_is_built_with_torchs_openmp():
@@ -91,9 +90,9 @@ def test_eager_kernel_is_built_with_torchs_openmp():
     assert "GOMP_parallel" in undefined, f"{aten_library} does not call OpenMP: rebuild with python -m runtime_ops.build"
 
 
-def test_out_with_strided_state_and_output():
+def test_out_with_strided_state_and_output(generator):
     """Out tensors that are views with unit stride nowhere still receive the results."""
-    case, inputs, seed = fresh_inputs(length=20)
+    case, inputs = fresh_inputs(generator, length=20)
     args = inputs.as_args()
     expected_output, expected_state = reference.recurrent_gated_delta_rule(
         *[t.double() for t in args], use_qk_l2norm=True
@@ -101,8 +100,8 @@ def test_out_with_strided_state_and_output():
     output = torch.full(args[2].shape[::-1], float("nan")).permute(3, 2, 1, 0)
     final_state = torch.full(args[5].shape[::-1], float("nan")).permute(3, 2, 1, 0)
     torch.ops.gdn.gated_delta_rule.out(*args, use_qk_l2norm=True, output=output, final_state=final_state)
-    assert relative_error(output, expected_output) <= case.tolerance, f"seed {seed}"
-    assert relative_error(final_state, expected_state) <= case.tolerance, f"seed {seed}"
+    assert relative_error(output, expected_output) <= case.tolerance
+    assert relative_error(final_state, expected_state) <= case.tolerance
 
 
 def _error_of(call):
@@ -124,8 +123,8 @@ def _error_of(call):
     ],
     ids=["beta-length", "g-channels", "state-dtype", "query-dtype", "state-rank"],
 )
-def test_bad_input_raises_the_reference_error(breakage):
-    _, inputs, _ = fresh_inputs(length=6, gate="per_channel")
+def test_bad_input_raises_the_reference_error(breakage, generator):
+    _, inputs = fresh_inputs(generator, length=6, gate="per_channel")
     args = list(inputs.as_args())
     breakage(args)
     expected = _error_of(lambda: contract.check_inputs(*args))
@@ -133,8 +132,8 @@ def test_bad_input_raises_the_reference_error(breakage):
     assert _error_of(lambda: torch.ops.gdn.gated_delta_rule(*args, use_qk_l2norm=True)) == expected
 
 
-def test_bad_out_tensor_raises_before_writing():
-    _, inputs, _ = fresh_inputs(length=3)
+def test_bad_out_tensor_raises_before_writing(generator):
+    _, inputs = fresh_inputs(generator, length=3)
     args = inputs.as_args()
     output = torch.full((1, 3, 4, 31), float("nan"))
     final_state = torch.full_like(args[5], float("nan"))
@@ -154,10 +153,10 @@ class StatefulDecode(torch.nn.Module):
         return torch.ops.gdn.gated_delta_rule_inplace(query, key, value, g, beta, self.state, use_qk_l2norm=True)
 
 
-def test_pte_decode_keeps_its_state_across_calls():
-    case, inputs, seed = fresh_inputs(length=8, gate="per_channel")
+def test_pte_decode_keeps_its_state_across_calls(generator):
+    case, inputs = fresh_inputs(generator, length=8, gate="per_channel")
     args = inputs.as_args()
-    program = export_program(StatefulDecode(args[5].shape), tuple(t[:, :1] for t in args[:5]), dynamic_length=False)
+    program = export_program(StatefulDecode(args[5].shape), tuple(t[:, :1] for t in args[:5]))
     # ExecuTorch plans mutable buffers as zeroed memory, without the eager initial value.
     state = torch.zeros(args[5].shape, dtype=torch.float64)
     for t in range(case.length):
@@ -166,7 +165,7 @@ def test_pte_decode_keeps_its_state_across_calls():
         expected_output, state = reference.recurrent_gated_delta_rule(
             *[x.double() for x in step], state, use_qk_l2norm=True
         )
-        assert relative_error(output, expected_output) <= case.tolerance, f"token {t}, seed {seed}"
+        assert relative_error(output, expected_output) <= case.tolerance, f"token {t}"
 
 
 class Functional(torch.nn.Module):
@@ -174,11 +173,11 @@ class Functional(torch.nn.Module):
         return torch.ops.gdn.gated_delta_rule(query, key, value, g, beta, initial_state)
 
 
-def test_pte_rejects_inconsistent_shapes_without_crashing():
+def test_pte_rejects_inconsistent_shapes_without_crashing(generator):
     """Lengths that disagree pass the runtime's per-input bounds; the kernel must refuse them."""
-    case, inputs, seed = fresh_inputs(length=6)
+    case, inputs = fresh_inputs(generator, length=6)
     args = list(inputs.as_args())
-    program = export_program(Functional(), tuple(args))
+    program = export_program(Functional(), tuple(args), dynamic_length_args=5)
     bad = list(args)
     bad[4] = args[4][:, :4]  # beta for 4 tokens, query for 6
     with pytest.raises(RuntimeError):
@@ -189,27 +188,30 @@ def test_pte_rejects_inconsistent_shapes_without_crashing():
         program.execute(bad)
     output, final_state = program.execute(args)  # still usable afterwards
     expected_output, expected_state = reference.recurrent_gated_delta_rule(*[t.double() for t in args])
-    assert relative_error(output, expected_output) <= case.tolerance, f"seed {seed}"
-    assert relative_error(final_state, expected_state) <= case.tolerance, f"seed {seed}"
+    assert relative_error(output, expected_output) <= case.tolerance
+    assert relative_error(final_state, expected_state) <= case.tolerance
 
 
-def test_missing_library_keeps_the_reference_and_names_the_path(tmp_path):
+def test_missing_library_keeps_the_reference_and_names_the_path(tmp_path, seed):
     missing = tmp_path / "libgdn_runtime_ops.so"
     script = (
-        "import warnings, torch\n"
+        "import sys, warnings, torch\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
         "    import gdn_export\n"
         "from runtime_ops import loader\n"
         "assert not loader.is_loaded()\n"
         "print([str(w.message) for w in caught if 'runtime ops' in str(w.message)][0])\n"
+        "torch.manual_seed(int(sys.argv[1]))\n"
         "q = torch.randn(1, 3, 1, 4); v = torch.randn(1, 3, 1, 4)\n"
         "out, state = torch.ops.gdn.gated_delta_rule(q, q, v, -torch.rand(1, 3, 1), torch.rand(1, 3, 1),"
         " torch.randn(1, 1, 4, 4))\n"
         "print('reference ok', tuple(out.shape))\n"
     )
     env = dict(os.environ, GDN_RUNTIME_OPS_LIB=str(missing))
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(seed)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert str(missing) in result.stdout and "runtime_ops.build" in result.stdout
     assert "reference ok (1, 3, 1, 4)" in result.stdout

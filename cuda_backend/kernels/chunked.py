@@ -40,7 +40,8 @@ traffic halves; the state, the accumulators and the gates stay fp32.
 import triton
 import triton.language as tl
 
-L2NORM_EPS = tl.constexpr(1e-6)
+from cuda_backend.kernels.common import L2NORM_EPS, gate_from_raw, load_gate_coefficients, sequence_and_head
+
 # Diagonal block of the triangular inverse: (I + N)^-1 of a strictly lower 16 x 16
 # block N is a product of 4 factors (N^16 = 0), and 16 is the smallest tl.dot size.
 INVERSE_BLOCK = tl.constexpr(16)
@@ -52,12 +53,6 @@ def _row_scale(x, USE_QK_L2NORM: tl.constexpr):
     if USE_QK_L2NORM:
         return tl.rsqrt(tl.sum(x * x, 1) + L2NORM_EPS)
     return tl.full((x.shape[0],), 1.0, tl.float32)
-
-
-@triton.jit
-def _softplus(x):
-    # torch's softplus threshold: linear above 20, where log(1 + e^x) == x in fp32.
-    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
 
 
 @triton.jit
@@ -116,6 +111,21 @@ def _unit_lower_inverse(a, BT: tl.constexpr, DOT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _store_chunk_output(qg_ptr, aqk_ptr, chunk_rows, start_state, updates, o_base, so_t, chunk, length,
+                        DK: tl.constexpr, BT: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    """o = qg h + aqk u' for one chunk's rows, stored at ``o_base`` (the chunk's value
+    block); the fused state kernel and the output kernel both write it."""
+    rows = tl.arange(0, BT)
+    qg = tl.load(qg_ptr + chunk_rows[:, None] * DK + tl.arange(0, DK)[None, :])
+    query_key = tl.load(aqk_ptr + chunk_rows[:, None] * BT + rows[None, :])
+    output = _dot(qg, start_state, DOT_PRECISION, WIDEN)
+    output += _dot(query_key, updates, DOT_PRECISION, WIDEN)
+    t_offs = chunk * BT + rows
+    tl.store(o_base + t_offs[:, None] * so_t, _narrow(output, o_base.dtype.element_ty, WIDEN),
+             mask=(t_offs < length)[:, None])
+
+
+@triton.jit
 def chunk_prepare_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
     w_ptr, u_ptr, qg_ptr, kg_ptr, aqk_ptr, decay_ptr,
@@ -125,23 +135,17 @@ def chunk_prepare_kernel(
     sv_b, sv_t, sv_h, sv_d,
     sg_b, sg_t, sg_h, sg_d,
     sbeta_b, sbeta_t, sbeta_h,
-    NUM_V_HEADS: tl.constexpr,
-    GROUP: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BT: tl.constexpr,
+    NUM_V_HEADS: tl.constexpr, GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr,
     BK: tl.constexpr,  # channel block of the per-channel-gate A matrix
     GATE_PER_CHANNEL: tl.constexpr,
     RAW_GATES: tl.constexpr,  # g_ptr/beta_ptr hold Qwen3.5's raw a/b (scalar gates only)
     USE_QK_L2NORM: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    WIDEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WIDEN: tl.constexpr,
 ):
     chunk = tl.program_id(0)
     pid_bh = tl.program_id(1)
     num_chunks = tl.num_programs(0)
-    batch = pid_bh // NUM_V_HEADS
-    v_head = pid_bh % NUM_V_HEADS
+    batch, v_head = sequence_and_head(pid_bh, NUM_V_HEADS)
     k_head = v_head // GROUP
     scratch = w_ptr.dtype.element_ty
 
@@ -194,10 +198,9 @@ def chunk_prepare_kernel(
         decay_last = tl.exp(gate_last)
     else:
         if RAW_GATES:
-            neg_a = -tl.exp(tl.load(a_log_ptr + v_head).to(tl.float32))
-            dt_bias = tl.load(dt_bias_ptr + v_head).to(tl.float32)
+            neg_a, dt_bias = load_gate_coefficients(a_log_ptr, dt_bias_ptr, v_head)
             raw = tl.load(g_ptr + batch * sg_b + v_head * sg_h + t_offs * sg_t, mask=row_mask, other=0.0)
-            step = tl.where(row_mask, neg_a * _softplus(raw.to(tl.float32) + dt_bias), 0.0)
+            step = tl.where(row_mask, gate_from_raw(raw, neg_a, dt_bias), 0.0)
         else:
             step = tl.load(g_ptr + batch * sg_b + v_head * sg_h + t_offs * sg_t, mask=row_mask, other=0.0)
         gate = tl.cumsum(step.to(tl.float32), 0)
@@ -240,20 +243,13 @@ def chunk_state_kernel(
     length,
     ss_b, ss_h, ss_k, ss_v,
     so_b, so_t, so_h, so_d,
-    NUM_V_HEADS: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BT: tl.constexpr,
-    BV: tl.constexpr,
-    GATE_PER_CHANNEL: tl.constexpr,
-    FUSED_OUTPUT: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    WIDEN: tl.constexpr,
+    NUM_V_HEADS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    GATE_PER_CHANNEL: tl.constexpr, FUSED_OUTPUT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WIDEN: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    batch = pid_bh // NUM_V_HEADS
-    v_head = pid_bh % NUM_V_HEADS
+    batch, v_head = sequence_and_head(pid_bh, NUM_V_HEADS)
     scratch = w_ptr.dtype.element_ty
 
     # Derived here, not passed: Triton turns an int argument equal to 1 into a constant, and
@@ -282,13 +278,8 @@ def chunk_state_kernel(
         state_operand = _narrow(state, scratch, WIDEN)
         updates = _narrow(u - _dot(w, state_operand, DOT_PRECISION, WIDEN), scratch, WIDEN)
         if FUSED_OUTPUT:
-            qg = tl.load(qg_ptr + chunk_rows[:, None] * DK + k_offs[None, :])
-            query_key = tl.load(aqk_ptr + chunk_rows[:, None] * BT + rows[None, :])
-            output = _dot(qg, state_operand, DOT_PRECISION, WIDEN)
-            output += _dot(query_key, updates, DOT_PRECISION, WIDEN)
-            t_offs = chunk * BT + rows
-            tl.store(o_base + t_offs[:, None] * so_t, _narrow(output, out_ptr.dtype.element_ty, WIDEN),
-                     mask=(t_offs < length)[:, None])
+            _store_chunk_output(qg_ptr, aqk_ptr, chunk_rows, state_operand, updates, o_base, so_t, chunk, length,
+                                DK, BT, DOT_PRECISION, WIDEN)
         else:
             # h [B * Hv, chunks, DK, DV]: the chunk's starting state, for the output kernel.
             h_tile = h_ptr + ((pid_bh * num_chunks + chunk) * DK + k_offs[:, None]) * DV + v_offs[None, :]
@@ -303,31 +294,21 @@ def chunk_output_kernel(
     qg_ptr, aqk_ptr, h_ptr, u_ptr, out_ptr,
     length,
     so_b, so_t, so_h, so_d,
-    NUM_V_HEADS: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BT: tl.constexpr,
-    BV: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    WIDEN: tl.constexpr,
+    NUM_V_HEADS: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, WIDEN: tl.constexpr,
 ):
     chunk = tl.program_id(0)
     pid_v = tl.program_id(1)
     pid_bh = tl.program_id(2)
     num_chunks = tl.num_programs(0)
-    batch = pid_bh // NUM_V_HEADS
-    v_head = pid_bh % NUM_V_HEADS
+    batch, v_head = sequence_and_head(pid_bh, NUM_V_HEADS)
 
     rows = tl.arange(0, BT)
     k_offs = tl.arange(0, DK)
     v_offs = pid_v * BV + tl.arange(0, BV)
     chunk_rows = (pid_bh * num_chunks + chunk) * BT + rows
-    qg = tl.load(qg_ptr + chunk_rows[:, None] * DK + k_offs[None, :])
     h = tl.load(h_ptr + ((pid_bh * num_chunks + chunk) * DK + k_offs[:, None]) * DV + v_offs[None, :])
-    query_key = tl.load(aqk_ptr + chunk_rows[:, None] * BT + rows[None, :])
     updates = tl.load(u_ptr + chunk_rows[:, None] * DV + v_offs[None, :])
-    output = _dot(qg, h, DOT_PRECISION, WIDEN)
-    output += _dot(query_key, updates, DOT_PRECISION, WIDEN)
-    t_offs = chunk * BT + rows
-    o_tile = out_ptr + batch * so_b + v_head * so_h + t_offs[:, None] * so_t + v_offs[None, :] * so_d
-    tl.store(o_tile, _narrow(output, out_ptr.dtype.element_ty, WIDEN), mask=(t_offs < length)[:, None])
+    o_base = out_ptr + batch * so_b + v_head * so_h + v_offs[None, :] * so_d
+    _store_chunk_output(qg_ptr, aqk_ptr, chunk_rows, h, updates, o_base, so_t, chunk, length,
+                        DK, BT, DOT_PRECISION, WIDEN)

@@ -13,13 +13,7 @@ strided views of the conv output, so the split costs nothing.
 import triton
 import triton.language as tl
 
-L2NORM_EPS = tl.constexpr(1e-6)
-
-
-@triton.jit
-def softplus(x):
-    # torch's softplus threshold: linear above 20, where log(1 + e^x) == x in fp32.
-    return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
+from cuda_backend.kernels.common import L2NORM_EPS, gate_from_raw, load_gate_coefficients, sequence_and_head
 
 
 @triton.jit
@@ -36,17 +30,12 @@ def recurrent_gated_delta_rule_kernel(
     so_b, so_t, so_h, so_d,
     NUM_V_HEADS: tl.constexpr,
     GROUP: tl.constexpr,  # value heads per key head
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BV: tl.constexpr,
-    GATE_PER_CHANNEL: tl.constexpr,
-    RAW_GATES: tl.constexpr,
-    USE_QK_L2NORM: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, BV: tl.constexpr,
+    GATE_PER_CHANNEL: tl.constexpr, RAW_GATES: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
 ):
     pid_bh = tl.program_id(0)
     pid_v = tl.program_id(1)
-    batch = pid_bh // NUM_V_HEADS
-    v_head = pid_bh % NUM_V_HEADS
+    batch, v_head = sequence_and_head(pid_bh, NUM_V_HEADS)
     k_head = v_head // GROUP
 
     k_offs = tl.arange(0, DK)
@@ -57,8 +46,7 @@ def recurrent_gated_delta_rule_kernel(
     state = tl.load(state_in_ptr + state_tile, mask=v_mask[None, :], other=0.0).to(tl.float32)
 
     if RAW_GATES:
-        neg_a = -tl.exp(tl.load(a_log_ptr + v_head).to(tl.float32))
-        dt_bias = tl.load(dt_bias_ptr + v_head).to(tl.float32)
+        neg_a, dt_bias = load_gate_coefficients(a_log_ptr, dt_bias_ptr, v_head)
 
     q_base = q_ptr + batch * sq_b + k_head * sq_h + k_offs * sq_d
     k_base = k_ptr + batch * sk_b + k_head * sk_h + k_offs * sk_d
@@ -75,7 +63,7 @@ def recurrent_gated_delta_rule_kernel(
         q = (q * scale).to(tl.float32)  # AOTInductor passes float arguments as fp64
         v = tl.load(v_base + t * sv_t, mask=v_mask, other=0.0).to(tl.float32)
         if RAW_GATES:
-            g = neg_a * softplus(tl.load(g_base + t * sg_t).to(tl.float32) + dt_bias)
+            g = gate_from_raw(tl.load(g_base + t * sg_t), neg_a, dt_bias)
             beta = tl.sigmoid(tl.load(beta_base + t * sbeta_t).to(tl.float32))
         else:
             beta = tl.load(beta_base + t * sbeta_t).to(tl.float32)

@@ -100,44 +100,37 @@ class Parser {
   }
 
   void parse_object(JsonValue& object, int depth) {
-    expect('{');
-    if (peek() == '}') {
-      ++position_;
-      return;
-    }
-    while (true) {
+    parse_items('{', '}', [&] {
       if (peek() != '"') {
         fail("expected a member name");
       }
       std::string key = parse_string();
       expect(':');
       object.members.emplace_back(std::move(key), parse_value(depth + 1));
-      char next = peek();
-      ++position_;
-      if (next == '}') {
-        return;
-      }
-      if (next != ',') {
-        fail("expected ',' or '}'");
-      }
-    }
+    });
   }
 
   void parse_array(JsonValue& array, int depth) {
-    expect('[');
-    if (peek() == ']') {
+    parse_items('[', ']', [&] { array.items.push_back(parse_value(depth + 1)); });
+  }
+
+  // open, then parse_item's items separated by commas, then close (objects and arrays alike).
+  template <typename ParseItem>
+  void parse_items(char open, char close, ParseItem parse_item) {
+    expect(open);
+    if (peek() == close) {
       ++position_;
       return;
     }
     while (true) {
-      array.items.push_back(parse_value(depth + 1));
+      parse_item();
       char next = peek();
       ++position_;
-      if (next == ']') {
+      if (next == close) {
         return;
       }
       if (next != ',') {
-        fail("expected ',' or ']'");
+        fail(std::string("expected ',' or '") + close + "'");
       }
     }
   }

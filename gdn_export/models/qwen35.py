@@ -233,6 +233,10 @@ def forget_previous_sequence(a, A_log, dt_bias, starting):
 
 
 class GatedDeltaNet(nn.Module):
+    # The decoding state this layer keeps (see Qwen35ForCausalLM.state_buffers): both
+    # summarize every position seen, so neither has a position dim.
+    STATE_POSITION_DIMS = {"conv_state": None, "recurrent_state": None}
+
     def __init__(self, config: Qwen35Config):
         super().__init__()
         self.num_k_heads = config.linear_num_key_heads
@@ -330,6 +334,9 @@ class MaskedCacheAttention(nn.Module):
 
 
 class GatedAttention(nn.Module):
+    # The decoding state this layer keeps: one cache entry per position, along these dims.
+    STATE_POSITION_DIMS = {"k_cache": 2, "v_cache": 1}
+
     def __init__(self, config: Qwen35Config, max_seq_len: int):
         super().__init__()
         self.num_heads = config.num_attention_heads
@@ -478,9 +485,42 @@ class Qwen35ForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def reset(self) -> None:
-        """Zero every cache and state (all the buffers there are): the next call starts a new sequence."""
-        for buffer in self.buffers():
+        """Zero every cache and state: the next call starts a new sequence."""
+        for buffer, _ in self.state_buffers().values():
             buffer.zero_()
+
+    def state_buffers(self) -> dict:
+        """The decoding state: ``{buffer name: (buffer, its position dim or None)}``, in layer order.
+
+        Other buffers (int8 weights, scales) are not state. A buffer with a
+        position dim holds one entry per position, of which the first
+        ``position`` are live; one without summarizes all positions at once (a
+        Gated DeltaNet state cannot be cut back to an earlier position).
+        """
+        state = {}
+        for module_name, module in self.named_modules():
+            for buffer_name, position_dim in getattr(module, "STATE_POSITION_DIMS", {}).items():
+                state[f"{module_name}.{buffer_name}"] = (getattr(module, buffer_name), position_dim)
+        return state
+
+    def read_state(self, positions: torch.Tensor) -> tuple:
+        """The state's tensors in ``state_buffers`` order, caches at ``positions`` only ([L], int64)."""
+        # Whole buffers are returned as they are: a copy of an unmutated buffer would be
+        # folded into a constant by ExecuTorch's constant propagation.
+        return tuple(
+            buffer if dim is None else buffer.index_select(dim, positions)
+            for buffer, dim in self.state_buffers().values()
+        )
+
+    def write_state(self, positions: torch.Tensor, *values: torch.Tensor) -> tuple:
+        """Put ``values`` (as ``read_state(positions)`` returns them) back into the state buffers."""
+        for (buffer, dim), value in zip(self.state_buffers().values(), values, strict=True):
+            if dim is None:
+                buffer.copy_(value)
+            else:
+                # index_put_, as forward writes the caches: updated in place after ExecuTorch's reinplace pass.
+                buffer[(slice(None),) * dim + (positions,)] = value
+        return ()
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         """tokens [1, T], input_pos [1] (position of tokens[0, 0]) -> logits [1, T or 1, vocab]."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from gdn_export.ops.contract import FLOAT_DTYPES, NAMESPACE, _library
+from gdn_export.ops.contract import FLOAT_DTYPES, define_op
 
 _ARGS = "Tensor query, Tensor k_cache, Tensor v_cache, Tensor input_pos, *, float? scale=None"
 SCHEMA = f"cached_attention({_ARGS}) -> Tensor"
@@ -115,9 +115,5 @@ def _fake_cached_attention_out(query, k_cache, v_cache, input_pos, *, scale=None
     return output
 
 
-_library.define(SCHEMA)
-_library.define(OUT_SCHEMA)
-_library.impl("cached_attention", reference_cached_attention, "CompositeExplicitAutograd")
-_library.impl("cached_attention.out", reference_cached_attention_out, "CompositeExplicitAutograd")
-torch.library.register_fake(f"{NAMESPACE}::cached_attention", _fake_cached_attention, lib=_library)
-torch.library.register_fake(f"{NAMESPACE}::cached_attention.out", _fake_cached_attention_out, lib=_library)
+define_op(SCHEMA, reference_cached_attention, _fake_cached_attention)
+define_op(OUT_SCHEMA, reference_cached_attention_out, _fake_cached_attention_out)

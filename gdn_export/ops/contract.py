@@ -221,17 +221,19 @@ def _fake_gated_delta_rule_inplace_out(
 
 
 _library = torch.library.Library(NAMESPACE, "DEF")
-_library.define(FUNCTIONAL_SCHEMA)
-_library.define(OUT_SCHEMA)
-_library.impl("gated_delta_rule", reference_gated_delta_rule, "CompositeExplicitAutograd")
-_library.impl("gated_delta_rule.out", reference_gated_delta_rule_out, "CompositeExplicitAutograd")
-torch.library.register_fake(f"{NAMESPACE}::gated_delta_rule", _fake_gated_delta_rule, lib=_library)
-torch.library.register_fake(f"{NAMESPACE}::gated_delta_rule.out", _fake_gated_delta_rule_out, lib=_library)
-_library.define(INPLACE_SCHEMA)
-_library.define(INPLACE_OUT_SCHEMA)
-_library.impl("gated_delta_rule_inplace", gated_delta_rule_inplace, "CompositeExplicitAutograd")
-_library.impl("gated_delta_rule_inplace.out", gated_delta_rule_inplace_out, "CompositeExplicitAutograd")
-torch.library.register_fake(f"{NAMESPACE}::gated_delta_rule_inplace", _fake_gated_delta_rule_inplace, lib=_library)
-torch.library.register_fake(
-    f"{NAMESPACE}::gated_delta_rule_inplace.out", _fake_gated_delta_rule_inplace_out, lib=_library
-)
+
+
+def define_op(schema: str, default, fake) -> None:
+    """Defines the ``gdn`` op (or overload) ``schema`` names, with ``default`` as its
+    implementation on every device until a backend registers its own, and ``fake``
+    (checks and output shapes only) for tracing."""
+    name = schema[: schema.index("(")]
+    _library.define(schema)
+    _library.impl(name, default, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{NAMESPACE}::{name}", fake, lib=_library)
+
+
+define_op(FUNCTIONAL_SCHEMA, reference_gated_delta_rule, _fake_gated_delta_rule)
+define_op(OUT_SCHEMA, reference_gated_delta_rule_out, _fake_gated_delta_rule_out)
+define_op(INPLACE_SCHEMA, gated_delta_rule_inplace, _fake_gated_delta_rule_inplace)
+define_op(INPLACE_OUT_SCHEMA, gated_delta_rule_inplace_out, _fake_gated_delta_rule_inplace_out)

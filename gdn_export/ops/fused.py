@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from gdn_export.ops.contract import FLOAT_DTYPES, NAMESPACE, _library, check_inputs
+from gdn_export.ops.contract import FLOAT_DTYPES, check_inputs, define_op
 
 _ARGS = (
     "Tensor mixed_qkv, Tensor a, Tensor b, Tensor A_log, Tensor dt_bias, Tensor(a!) state, "
@@ -145,9 +145,5 @@ def _fake_fused_out(mixed_qkv, a, b, A_log, dt_bias, state, *, scale=None, outpu
     return output
 
 
-_library.define(FUSED_SCHEMA)
-_library.define(FUSED_OUT_SCHEMA)
-_library.impl("fused_gated_delta_rule", fused_gated_delta_rule, "CompositeExplicitAutograd")
-_library.impl("fused_gated_delta_rule.out", fused_gated_delta_rule_out, "CompositeExplicitAutograd")
-torch.library.register_fake(f"{NAMESPACE}::fused_gated_delta_rule", _fake_fused, lib=_library)
-torch.library.register_fake(f"{NAMESPACE}::fused_gated_delta_rule.out", _fake_fused_out, lib=_library)
+define_op(FUSED_SCHEMA, fused_gated_delta_rule, _fake_fused)
+define_op(FUSED_OUT_SCHEMA, fused_gated_delta_rule_out, _fake_fused_out)

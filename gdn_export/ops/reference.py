@@ -66,15 +66,8 @@ def prepare_inputs(query, key, value, g, beta, initial_state, scale, use_qk_l2no
 
 
 def recurrent_gated_delta_rule(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor,
-    *,
-    scale: float | None = None,
-    use_qk_l2norm: bool = False,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    initial_state: torch.Tensor, *, scale: float | None = None, use_qk_l2norm: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The specification, token by token.
 
@@ -97,15 +90,8 @@ def recurrent_gated_delta_rule(
 
 
 def chunked_gated_delta_rule(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    initial_state: torch.Tensor,
-    *,
-    scale: float | None = None,
-    use_qk_l2norm: bool = False,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+    initial_state: torch.Tensor, *, scale: float | None = None, use_qk_l2norm: bool = False,
     chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same recurrence, a chunk of ``chunk_size`` tokens at a time.

@@ -2,15 +2,16 @@
 
     python -m metal_backend.device.conformance_rows [--selection all|sanitizer] [--seed S] [--timing]
 
-Rows: every case of the conformance table (``CASES`` and ``FUSED_CASES``)
-whose head dims the kernels cover, each other case once more with its head
-dims raised to 64 (so the table's strided, split, in-place, extreme-gate, KDA
-and bf16 variants run through the kernels), and the Qwen3.5 shapes (Hk=16,
-Hv=32, Dk=Dv=128, decode and a 64-token prefill, in place) which the CPU
-emulation leaves out for time; each at the table's tolerance. Cases of head
-dims the kernels do not cover must be refused before writing. ``--selection
-sanitizer`` is the short list that ``run_on_device.sh`` runs under
-compute-sanitizer. Exit status 1 if any row fails.
+Rows: every case of the conformance table (``CASES`` and ``FUSED_CASES``) and
+each one again with its head dims raised to 64 (so the table's strided, split,
+in-place, extreme-gate, KDA and bf16 variants run through the kernels), as
+``metal_backend.conformance.table_cases`` selects them for the emulation, plus
+the Qwen3.5 shapes (Hk=16, Hv=32, Dk=Dv=128, decode and a 64-token prefill, in
+place) which the CPU emulation leaves out for time. Each row is the table's
+one check (``gdn_export.ops.conformance.check_case``): within the case's
+tolerance, or, for head dims the kernels do not cover, refused before writing.
+``--selection sanitizer`` is the short list that ``run_on_device.sh`` runs
+under compute-sanitizer. Exit status 1 if any row fails.
 
 ``--timing`` prints microseconds per kernel at Qwen3.5's decode and prefill
 shapes, with the state contiguous (the fast path) and stored transposed
@@ -26,38 +27,17 @@ import sys
 
 import torch
 
-from gdn_export.ops.conformance import (
-    CASES,
-    FUSED_CASES,
-    OpCase,
-    expected_fused_outputs,
-    expected_outputs,
-    make_fused_inputs,
-    make_inputs,
-    relative_error,
-    run_case,
-    run_fused_case,
-)
+from gdn_export.ops.conformance import CASES, FUSED_CASES, ConformanceError, OpCase, check_case, make_inputs
+from metal_backend.conformance import table_cases
 from metal_backend.device import cuda_port
-from metal_backend.mps_eager import SUPPORTED_HEAD_DIMS
 
 QWEN = {"num_k_heads": 16, "num_v_heads": 32, "key_dim": 128, "value_dim": 128}
 
 
-def covered(case: OpCase) -> bool:
-    return case.key_dim in SUPPORTED_HEAD_DIMS and case.value_dim in SUPPORTED_HEAD_DIMS
-
-
-def with_covered_dims(cases) -> tuple:
-    """The covered cases, then each other one with its head dims raised to 64 (the smallest covered), once."""
-    raised = (dataclasses.replace(c, key_dim=max(c.key_dim, 64), value_dim=max(c.value_dim, 64)) for c in cases)
-    return tuple(dict.fromkeys([c for c in cases if covered(c)] + [c for c in raised]))
-
-
-def selection(name: str) -> tuple[tuple, tuple, tuple]:
-    """(plain cases, fused cases, cases that must be refused) of a selection."""
+def selection(name: str) -> list[tuple[OpCase, bool]]:
+    """The rows of a selection: (case, whether it is a case of the fused op)."""
     if name == "all":
-        return with_covered_dims(CASES), with_covered_dims(FUSED_CASES), tuple(c for c in CASES if not covered(c))
+        return [(case, False) for case in table_cases(CASES)] + [(case, True) for case in table_cases(FUSED_CASES)]
     qwen_decode = OpCase(length=1, call="out_inplace", **QWEN)
     plain = (
         qwen_decode,
@@ -67,44 +47,23 @@ def selection(name: str) -> tuple[tuple, tuple, tuple]:
         OpCase(key_dim=64, value_dim=64, use_qk_l2norm=False, scale=0.3, batch=3, length=5),
     )
     fused = (dataclasses.replace(qwen_decode, call="inplace"), OpCase(length=17, call="inplace", **QWEN))
-    return plain, fused, ()
+    return [(case, False) for case in plain] + [(case, True) for case in fused]
 
 
-def _row(name: str, output_error: float, state_error: float, tolerance: float) -> bool:
-    ok = output_error <= tolerance and state_error <= tolerance
-    print(f"{'PASS' if ok else 'FAIL'}  {name:<70} output {output_error:9.2e}  state {state_error:9.2e}  "
-          f"tol {tolerance:.0e}", flush=True)
-    return ok
-
-
-def run_rows(implementation, plain, fused, refused, seed: int) -> int:
-    """Prints a row per case run by ``implementation``; returns the number of failed rows."""
-    failed, device = 0, implementation.device
-    for index, case in enumerate(plain):
-        inputs = make_inputs(case, torch.Generator().manual_seed(seed + index), device=device)
-        expected_output, expected_state = expected_outputs(case, inputs)
-        output, state = run_case(implementation, case, inputs)
-        failed += not _row(case.name, relative_error(output, expected_output), relative_error(state, expected_state),
-                           case.tolerance)
-    for index, case in enumerate(fused):
-        inputs = make_fused_inputs(case, torch.Generator().manual_seed(seed + index), device=device)
-        expected_output, expected_state = expected_fused_outputs(case, inputs)
-        output, state = run_fused_case(implementation, case, inputs)
-        failed += not _row(f"fused-{case.name}", relative_error(output, expected_output),
-                           relative_error(state, expected_state), case.tolerance)
-    for case in refused:
-        inputs = make_inputs(case, torch.Generator().manual_seed(seed), device=device)
-        output = torch.full_like(inputs.value, float("nan"))
-        final_state = torch.full_like(inputs.initial_state, float("nan"))
+def run_rows(implementation, rows: list[tuple[OpCase, bool]], seed: int) -> tuple[int, int]:
+    """Prints a line per row run by ``implementation``; returns (failed rows, refused rows)."""
+    failed = refused = 0
+    for index, (case, fused) in enumerate(rows):
+        name = f"{'fused-' if fused else ''}{case.name}"
         try:
-            implementation.out(*inputs.as_args(), output=output, final_state=final_state)
-            refused_ok = False
-        except NotImplementedError as error:
-            refused_ok = f"Dk={case.key_dim}, Dv={case.value_dim}" in str(error)
-        refused_ok = refused_ok and bool(output.isnan().all()) and bool(final_state.isnan().all())
-        print(f"{'PASS' if refused_ok else 'FAIL'}  {case.name:<70} refused (head dims not covered)", flush=True)
-        failed += not refused_ok
-    return failed
+            outcome = check_case(implementation, case, torch.Generator().manual_seed(seed + index), fused=fused)
+        except ConformanceError as error:
+            print(f"FAIL  {name:<70} {error}", flush=True)
+            failed += 1
+            continue
+        refused += outcome.refused is not None
+        print(f"PASS  {name:<70} {outcome}  tol {case.tolerance:.0e}", flush=True)
+    return failed, refused
 
 
 def transposed_storage(state: torch.Tensor) -> torch.Tensor:
@@ -140,11 +99,11 @@ def main(argv=None) -> int:
     if args.timing:
         print_timings(seed)
         return 0
-    plain, fused, refused = selection(args.selection)
-    failed = run_rows(cuda_port.CUDA_PORT.implementation(), plain, fused, refused, seed)
-    total = len(plain) + len(fused) + len(refused)
-    print(f"conformance rows on {torch.cuda.get_device_name()}: {total - failed} passed, {failed} failed "
-          f"({len(plain)} plain, {len(fused)} fused, {len(refused)} refused as uncovered; seed {seed})")
+    rows = selection(args.selection)
+    failed, refused = run_rows(cuda_port.CUDA_PORT.implementation(), rows, seed)
+    fused = sum(is_fused for _, is_fused in rows)
+    print(f"conformance rows on {torch.cuda.get_device_name()}: {len(rows) - failed} passed, {failed} failed "
+          f"({len(rows) - fused} plain, {fused} fused, {refused} refused as uncovered; seed {seed})")
     return 1 if failed else 0
 
 

@@ -51,6 +51,18 @@ AOTITensorHandle allocate(const TensorView& view) {
   return handle;
 }
 
+// Encodes the dispatch; on failure deletes the output the shim just allocated, so nothing leaks.
+template <typename Launch>
+void encode_or_delete_output(const Launch& launch, const EtTensor* const* tensors, int count,
+                             AOTITensorHandle output) {
+  try {
+    encode_dispatch(launch.plan, tensors, count, &launch.params, sizeof(launch.params));
+  } catch (...) {
+    aoti_torch_delete_tensor_object(output);
+    throw;
+  }
+}
+
 template <typename Body>
 AOTITorchError guarded(const char* shim, Body body) {
   try {
@@ -93,12 +105,7 @@ AOTITorchError aoti_torch_mps_gated_delta_rule_inplace(
         optional_scale(scale), use_qk_l2norm != 0);
     AOTITensorHandle output = allocate(output_view);
     tensors[6] = reinterpret_cast<const EtTensor*>(output);
-    try {
-      encode_dispatch(launch.plan, tensors, 8, &launch.params, sizeof(launch.params));
-    } catch (...) {
-      aoti_torch_delete_tensor_object(output);
-      throw;
-    }
+    encode_or_delete_output(launch, tensors, 8, output);
     *ret0 = output;
   });
 }
@@ -127,12 +134,7 @@ AOTITorchError aoti_torch_mps_fused_gated_delta_rule(
         output_view, optional_scale(scale));
     AOTITensorHandle output = allocate(output_view);
     tensors[6] = reinterpret_cast<const EtTensor*>(output);
-    try {
-      encode_dispatch(launch.plan, tensors, 7, &launch.params, sizeof(launch.params));
-    } catch (...) {
-      aoti_torch_delete_tensor_object(output);
-      throw;
-    }
+    encode_or_delete_output(launch, tensors, 7, output);
     *ret0 = output;
   });
 }

@@ -13,6 +13,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "../kernels/gated_delta_rule_params.h"
 
@@ -148,17 +149,41 @@ inline void expect_packed_in_place_state(const char* op, const TensorView& state
   }
 }
 
-inline Dim3 threadgroups_for(int64_t value_dim, int64_t num_v_heads, int64_t batch) {
-  return {static_cast<uint32_t>(value_dim / kColumnsPerThreadgroup),
-          static_cast<uint32_t>(num_v_heads), static_cast<uint32_t>(batch)};
+inline void expect_heads_multiple(const char* op, int64_t num_v_heads, int64_t num_k_heads) {
+  if (num_k_heads == 0 || num_v_heads % num_k_heads != 0) {
+    throw std::invalid_argument(std::string(op) + ": value heads (Hv=" + std::to_string(num_v_heads) +
+                                ") must be a multiple of query/key heads (Hk=" +
+                                std::to_string(num_k_heads) + ")");
+  }
+}
+
+// The fields both params structs open with (gated_delta_rule_params.h), the scale
+// resolved to 1/sqrt(Dk) when the caller gave none.
+template <typename Params>
+void set_problem_sizes(Params& p, int64_t batch, int64_t length, int64_t num_k_heads, int64_t num_v_heads,
+                       int64_t key_dim, int64_t value_dim, std::optional<double> scale) {
+  p.batch = static_cast<int>(batch);
+  p.length = static_cast<int>(length);
+  p.num_k_heads = static_cast<int>(num_k_heads);
+  p.num_v_heads = static_cast<int>(num_v_heads);
+  p.value_dim = static_cast<int>(value_dim);
+  p.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(key_dim)));
+}
+
+// Both kernels: one threadgroup per (column block, value head, sequence) of
+// kSimdgroupsPerThreadgroup simdgroups.
+inline DispatchPlan dispatch_plan(std::string kernel_name, int64_t value_dim, int64_t num_v_heads, int64_t batch) {
+  return {std::move(kernel_name),
+          {static_cast<uint32_t>(value_dim / kColumnsPerThreadgroup), static_cast<uint32_t>(num_v_heads),
+           static_cast<uint32_t>(batch)},
+          {kSimdWidth, kSimdgroupsPerThreadgroup, 1}};
 }
 
 }  // namespace detail
 
-struct GatedDeltaRuleLaunch {
-  GatedDeltaRuleParams params;
-  DispatchPlan plan;
-};
+// What a C shim encodes: the kernel's params struct and its dispatch.
+struct GatedDeltaRuleLaunch { GatedDeltaRuleParams params; DispatchPlan plan; };
+struct FusedGatedDeltaRuleLaunch { FusedGatedDeltaRuleParams params; DispatchPlan plan; };
 
 // gdn::gated_delta_rule with outputs: validates the contract's shapes and
 // dtypes, then plans the dispatch. final_state may alias initial_state.
@@ -172,11 +197,7 @@ inline GatedDeltaRuleLaunch plan_gated_delta_rule(
   expect_rank(op, value, 4, "[B, T, Hv, Dv]");
   const int64_t batch = query.sizes[0], length = query.sizes[1], num_k_heads = query.sizes[2],
                 key_dim = query.sizes[3], num_v_heads = value.sizes[2], value_dim = value.sizes[3];
-  if (num_k_heads == 0 || num_v_heads % num_k_heads != 0) {
-    throw std::invalid_argument(std::string(op) + ": value heads (Hv=" + std::to_string(num_v_heads) +
-                                ") must be a multiple of query/key heads (Hk=" +
-                                std::to_string(num_k_heads) + ")");
-  }
+  expect_heads_multiple(op, num_v_heads, num_k_heads);
   expect_shape(op, key, {batch, length, num_k_heads, key_dim});
   expect_shape(op, value, {batch, length, num_v_heads, value_dim});
   const bool per_channel_gate = g.ndim == 4;
@@ -199,14 +220,9 @@ inline GatedDeltaRuleLaunch plan_gated_delta_rule(
 
   GatedDeltaRuleLaunch launch{};
   GatedDeltaRuleParams& p = launch.params;
-  p.batch = static_cast<int>(batch);
-  p.length = static_cast<int>(length);
-  p.num_k_heads = static_cast<int>(num_k_heads);
-  p.num_v_heads = static_cast<int>(num_v_heads);
-  p.value_dim = static_cast<int>(value_dim);
+  set_problem_sizes(p, batch, length, num_k_heads, num_v_heads, key_dim, value_dim, scale);
   p.per_channel_gate = per_channel_gate ? 1 : 0;
   p.use_qk_l2norm = use_qk_l2norm ? 1 : 0;
-  p.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(key_dim)));
   copy_strides(op, query, p.query_strides);
   copy_strides(op, key, p.key_strides);
   copy_strides(op, value, p.value_strides);
@@ -216,17 +232,10 @@ inline GatedDeltaRuleLaunch plan_gated_delta_rule(
   copy_strides(op, initial_state, p.initial_state_strides);
   copy_strides(op, output, p.output_strides);
   copy_strides(op, final_state, p.final_state_strides);
-  launch.plan.kernel_name =
-      std::string("gated_delta_rule_") + type + "_dk" + std::to_string(key_dim);
-  launch.plan.threadgroups = threadgroups_for(value_dim, num_v_heads, batch);
-  launch.plan.threads_per_threadgroup = {kSimdWidth, kSimdgroupsPerThreadgroup, 1};
+  launch.plan = dispatch_plan(std::string("gated_delta_rule_") + type + "_dk" + std::to_string(key_dim),
+                              value_dim, num_v_heads, batch);
   return launch;
 }
-
-struct FusedGatedDeltaRuleLaunch {
-  FusedGatedDeltaRuleParams params;
-  DispatchPlan plan;
-};
 
 // gdn::fused_gated_delta_rule with its output: Hv, Dk and Dv come from the
 // state, Hk from mixed_qkv's channel count (2*Hk*Dk + Hv*Dv).
@@ -250,11 +259,7 @@ inline FusedGatedDeltaRuleLaunch plan_fused_gated_delta_rule(
         std::to_string(channels));
   }
   const int64_t num_k_heads = key_channels / (2 * key_dim);
-  if (num_v_heads % num_k_heads != 0) {
-    throw std::invalid_argument(std::string(op) + ": value heads (Hv=" + std::to_string(num_v_heads) +
-                                ") must be a multiple of query/key heads (Hk=" +
-                                std::to_string(num_k_heads) + ")");
-  }
+  expect_heads_multiple(op, num_v_heads, num_k_heads);
   expect_shape(op, a, {batch, length, num_v_heads});
   expect_shape(op, b, {batch, length, num_v_heads});
   expect_shape(op, A_log, {num_v_heads});
@@ -273,12 +278,7 @@ inline FusedGatedDeltaRuleLaunch plan_fused_gated_delta_rule(
 
   FusedGatedDeltaRuleLaunch launch{};
   FusedGatedDeltaRuleParams& p = launch.params;
-  p.batch = static_cast<int>(batch);
-  p.length = static_cast<int>(length);
-  p.num_k_heads = static_cast<int>(num_k_heads);
-  p.num_v_heads = static_cast<int>(num_v_heads);
-  p.value_dim = static_cast<int>(value_dim);
-  p.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(key_dim)));
+  set_problem_sizes(p, batch, length, num_k_heads, num_v_heads, key_dim, value_dim, scale);
   copy_strides(op, mixed_qkv, p.mixed_qkv_strides);
   copy_strides(op, a, p.a_strides);
   copy_strides(op, b, p.b_strides);
@@ -286,10 +286,9 @@ inline FusedGatedDeltaRuleLaunch plan_fused_gated_delta_rule(
   copy_strides(op, dt_bias, &p.dt_bias_stride);
   copy_strides(op, state, p.state_strides);
   copy_strides(op, output, p.output_strides);
-  launch.plan.kernel_name = std::string("fused_gated_delta_rule_") + type + "_" + param_type +
-                            "_dk" + std::to_string(key_dim);
-  launch.plan.threadgroups = threadgroups_for(value_dim, num_v_heads, batch);
-  launch.plan.threads_per_threadgroup = {kSimdWidth, kSimdgroupsPerThreadgroup, 1};
+  launch.plan = dispatch_plan(
+      std::string("fused_gated_delta_rule_") + type + "_" + param_type + "_dk" + std::to_string(key_dim),
+      value_dim, num_v_heads, batch);
   return launch;
 }
 
