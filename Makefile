@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
 
-.PHONY: install demo test clean metal-check
+.PHONY: install demo test clean metal-check cuda-runtime
 
 install: $(INSTALLED)
 
@@ -31,3 +31,11 @@ clean:
 EXECUTORCH_GIT_DIR ?= $(wildcard /work/.mirror/pytorch+executorch/repo)
 metal-check: install
 	EXECUTORCH_GIT_DIR="$(EXECUTORCH_GIT_DIR)" $(PY) -m metal_backend.check
+
+# ExecuTorch's CUDA backend runtime (and its matching lowering) from ExecuTorch's source at the
+# pinned revision, into build/cuda_runtime/: EXECUTORCH_SRC=DIR builds from a source folder,
+# EXECUTORCH_MIRROR=GIT_DIR makes build/executorch-src from a git mirror, and with neither the
+# revision is cloned. Needs a C++ compiler and the CUDA toolkit's headers (see cuda_backend/README.md).
+cuda-runtime: install
+	$(PY) -m cuda_backend.executorch_runtime build $(if $(EXECUTORCH_SRC),--executorch-src $(EXECUTORCH_SRC)) \
+		$(if $(EXECUTORCH_MIRROR),--mirror $(EXECUTORCH_MIRROR))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
 from torch import nn
 
 from cuda_backend.kernels import SUPPORTED_HEAD_DIMS
@@ -15,6 +16,8 @@ class CudaTritonBackend(Backend):
     summary = "NVIDIA GPU: Triton kernels inside ExecuTorch's CudaBackend (AOTInductor); weights in a .ptd"
     head_dims = SUPPORTED_HEAD_DIMS
     writes_data_files = True
+    default_dtype = "bf16"  # the recurrent state stays fp32 (gdn_export.loading)
+    delegate_ids = ("CudaBackend",)
 
     def unavailable_reason(self) -> Optional[str]:
         from cuda_backend.lowering import CudaLoweringError, check_lowering_prerequisites
@@ -30,10 +33,48 @@ class CudaTritonBackend(Backend):
 
         return CudaFusedRecurrence()
 
+    def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:
+        """``decode`` and ``prefill``, as ExecuTorch's own Qwen3.5 CUDA export has them.
+
+        * ``decode(tokens [1, 1], input_pos [1])``: T is static, so each Gated
+          DeltaNet layer holds ``gdn_cuda::fused_recurrent_gated_delta_rule``
+          (the per-token kernel).
+        * ``prefill(tokens [1, T], input_pos [1])`` with T dynamic from 2 to
+          ``prefill_chunk``: ``gdn_cuda::fused_chunked_gated_delta_rule``. Traced
+          at T = ``prefill_chunk``. Left out when ``prefill_chunk`` is 1.
+
+        Both update the model's state buffers (KV caches, conv and recurrent
+        states) in place; the runtime shares them between the methods by name
+        (``cuda_backend.executorch_runtime.prepare_for_programs``).
+        """
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        input_pos = torch.zeros(1, dtype=torch.long)
+        methods = {}
+        with torch.no_grad():
+            methods["decode"] = torch.export.export(
+                model, (torch.zeros(1, 1, dtype=torch.long), input_pos), strict=False
+            )
+            if prefill_chunk >= 2:
+                tokens = torch.zeros(1, prefill_chunk, dtype=torch.long)
+                # A range of one length is that length, static (torch.export refuses min == max).
+                shapes = ({1: torch.export.Dim("prefill_tokens", min=2, max=prefill_chunk)}, None) \
+                    if prefill_chunk > 2 else None
+                methods["prefill"] = torch.export.export(
+                    model, (tokens, input_pos), dynamic_shapes=shapes, strict=False
+                )
+        return methods
+
     def lower(self, programs: dict, metadata: dict):
         from cuda_backend.lowering import lower_to_cuda
 
         return lower_to_cuda(programs, metadata=metadata)
+
+    def load_runtime(self) -> None:
+        """ExecuTorch's CUDA runtime (built by ``make cuda-runtime``), its methods sharing their states."""
+        from cuda_backend.executorch_runtime import prepare_for_programs
+
+        prepare_for_programs()
 
     def conformance_implementations(self) -> list:
         from cuda_backend.conformance import IMPLEMENTATIONS

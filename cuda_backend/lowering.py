@@ -1,54 +1,103 @@
-"""Lower an exported program through ExecuTorch's CudaBackend (AOTInductor) to ``.pte`` + ``.ptd``.
+"""Lower Qwen3.5's ``decode`` and ``prefill`` methods through ExecuTorch's CudaBackend (AOTInductor).
 
-The ``gdn_cuda`` ops in the graph are ``triton_op``s: AOTInductor compiles
-their Triton kernels into the delegate, so the program needs no custom-op
-library at run time. CudaBackend keeps the weights out of the ``.pte``, in a
-``.ptd`` data file (``gdn_export.export`` writes both).
+A CUDA program has two methods (``CudaTritonBackend.export_methods``):
+``decode`` and ``prefill``, sharing their state buffers. ``lower_to_cuda``
+lowers them with the CudaBackend Python of the revision the CUDA runtime was
+built from (``cuda_backend.executorch_runtime``), so the ``.pte``
+holds what that runtime reads. The ``gdn_cuda`` ops in the graph are
+``triton_op``s: AOTInductor compiles their Triton kernels into the delegate,
+so the program needs no custom-op library at run time. CudaBackend keeps the
+weights out of the ``.pte``, in a ``.ptd`` data file (``gdn_export.export``
+writes both).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Union
+import contextlib
+import os
+from typing import Optional
 
 import torch
 
 
 class CudaLoweringError(RuntimeError):
-    """The machine cannot lower for CUDA (no GPU, no Triton, no ExecuTorch CUDA backend)."""
+    """The machine cannot lower for CUDA (no GPU, no Triton, no ExecuTorch CUDA runtime built)."""
 
 
 def check_lowering_prerequisites() -> None:
-    """Raise ``CudaLoweringError`` naming what is missing for a CudaBackend lowering."""
+    """Raise ``CudaLoweringError`` naming what is missing for a CudaBackend lowering.
+
+    Also points ``executorch.backends.cuda`` at the CUDA runtime's own revision
+    (``executorch_runtime.use_matching_lowering``), before anything imports it.
+    """
     if not torch.cuda.is_available():
         raise CudaLoweringError(
             "--backend cuda lowers with AOTInductor, which compiles the Triton kernels for the local GPU: "
             "this machine has no CUDA device (torch.cuda.is_available() is False)"
         )
+    from cuda_backend import executorch_runtime
+
     try:
         import triton  # noqa: F401
+
+        executorch_runtime.use_matching_lowering()
         from executorch.backends.cuda.cuda_partitioner import CudaPartitioner  # noqa: F401
+    except executorch_runtime.CudaRuntimeUnavailable as error:
+        raise CudaLoweringError(f"--backend cuda: {error}") from error
     except ImportError as error:
         raise CudaLoweringError(f"--backend cuda needs triton and executorch's CUDA backend: {error}") from error
 
 
-def lower_to_cuda(
-    program: Union[torch.export.ExportedProgram, dict],
-    *,
-    metadata: Optional[dict] = None,
-):
-    """Lower ``program`` (one ExportedProgram, or ``{method name: ExportedProgram}``).
+# CudaBackend's compile spec and Inductor settings for a faster compile. Measured on the H100
+# (docs/benchmarks.md, torch 2.11): with max_autotune on (CudaBackend's default) the tiny dense
+# model's two methods had not compiled after 8 minutes; 25 GEMM autotunings (every distinct linear shape of decode and of
+# prefill, 17 or 18 Triton templates each) took 260 s of it. max_autotune off leaves pointwise and
+# reduction kernels at one heuristic configuration each; max_autotune_gemm keeps the GEMM template
+# autotuning, which the program needs (CudaBackend lets AOTInductor choose among Triton templates
+# only, and the runtime has no cuBLAS fallback). Coordinate descent recompiles every kernel to try
+# neighbouring launch configurations, and the wrapper only launches kernels, so -O0 compiles it
+# several times faster than -O1. autotune_at_compile_time stays unset, which AOTInductor takes as
+# on: set to off, it compiles in two codegen passes, and the second pass of the two-method program
+# failed there ("CudaKernelParamCache not populated for triton_per_fused_..._0").
+FAST_COMPILE_SPECS = {"max_autotune": b"OFF"}
+FAST_INDUCTOR_CONFIG = {
+    "max_autotune_gemm": True,
+    "coordinate_descent_tuning": False,
+    "aot_inductor.compile_wrapper_opt_level": "O0",
+}
+
+
+@contextlib.contextmanager
+def fast_compile_config():
+    """``FAST_INDUCTOR_CONFIG`` for the duration (settings this torch lacks are skipped)."""
+    import torch._inductor.config as inductor_config
+
+    settings = {}
+    for key, value in FAST_INDUCTOR_CONFIG.items():
+        owner = inductor_config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent, None)
+        if owner is not None and hasattr(owner, leaf):
+            settings[key] = value
+    with inductor_config.patch(settings):
+        yield
+
+
+def lower_to_cuda(programs: dict, *, metadata: Optional[dict] = None):
+    """Lower ``programs`` ({method name: ExportedProgram}) through CudaBackend.
 
     Returns the ExecutorchProgramManager; the caller writes its ``.pte`` and
-    ``.ptd`` (``gdn_export.export.write_program``).
+    ``.ptd`` (``gdn_export.lowering.write_program``).
     """
     check_lowering_prerequisites()
     import cuda_backend  # noqa: F401  (defines the gdn_cuda triton ops the graph calls)
     from executorch.backends.cuda.cuda_backend import CudaBackend
     from executorch.backends.cuda.cuda_partitioner import CudaPartitioner
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-    programs = program if isinstance(program, dict) else {"forward": program}
+    from gdn_export.lowering import lower_programs
+
     # The gdn_cuda ops update the state in place. Left whole, to_edge would wrap them in
     # auto_functionalized and AOTInductor would need a C++ fallback for them; decomposed
     # here, each becomes its Triton kernel launches, which AOTInductor compiles in.
@@ -56,23 +105,18 @@ def lower_to_cuda(
         name: ep.run_decompositions(cuda_decompositions(), decompose_custom_triton_ops=True)
         for name, ep in programs.items()
     }
-    partitioners = {
-        name: [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(name)])] for name in programs
-    }
-    edge = to_edge_transform_and_lower(
-        programs,
-        partitioner=partitioners,
-        compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-        constant_methods=metadata,
-    )
-    manager = edge.to_executorch(
-        ExecutorchBackendConfig(
-            extract_delegate_segments=True,
-            do_quant_fusion_and_const_prop=True,
-            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+    # GDN_CUDA_COMPILE_DEFAULTS=1 compiles with CudaBackend's and Inductor's defaults (to measure what the
+    # fast settings save).
+    fast = os.environ.get("GDN_CUDA_COMPILE_DEFAULTS", "") in ("", "0")
+    specs = [CompileSpec(key, value) for key, value in FAST_COMPILE_SPECS.items()] if fast else []
+    with fast_compile_config() if fast else contextlib.nullcontext():
+        return lower_programs(
+            programs,
+            metadata=metadata,
+            # CudaBackend compiles each method into its own delegate, named by a compile spec.
+            partitioners=lambda name: [CudaPartitioner([CudaBackend.generate_method_name_compile_spec(name), *specs])],
+            skip_dim_order=True,
         )
-    )
-    return manager
 
 
 def depthwise_conv1d_as_products(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups):

@@ -52,6 +52,11 @@ class Backend:
     quantizations: tuple[str, ...] = ("none",)
     # Where the program's weights go: False keeps them in the .pte, True in .ptd files beside it.
     writes_data_files: bool = False
+    # export_qwen35's --dtype when none is given (weights and activations).
+    default_dtype: str = "fp32"
+    # ExecuTorch backend ids of the delegates in this backend's programs whose runtime
+    # ``load_runtime`` provides (a program's runner asks for them by these ids).
+    delegate_ids: tuple[str, ...] = ()
 
     def unavailable_reason(self) -> Optional[str]:
         """Why this machine cannot lower for the backend (one sentence), or None."""
@@ -74,7 +79,10 @@ class Backend:
         raise NotImplementedError(f"backend {self.name!r} defines no lowering")
 
     def load_runtime(self) -> None:
-        """Load what this backend's programs need at run time, beyond ``import gdn_export``."""
+        """Load what this backend's programs need at run time, beyond ``import gdn_export``.
+
+        Raises ``RuntimeUnavailable`` (one sentence saying how to get it) when it is missing.
+        """
 
     def conformance_implementations(self) -> list:
         """The backend's implementations of the gdn ops, for the conformance suite (may be empty)."""
@@ -142,6 +150,25 @@ def backend_names() -> tuple[str, ...]:
 def default_backend() -> str:
     """The default backend's name where it is registered, else the first registered."""
     return backend_names()[0]
+
+
+class RuntimeUnavailable(RuntimeError):
+    """A backend's run-time part (``Backend.load_runtime``) is missing or cannot load."""
+
+
+def backends_for_delegates(delegate_ids) -> dict[str, Backend]:
+    """``{delegate id: backend}`` for each of ``delegate_ids`` that a registered backend provides.
+
+    Imports the registered backends (only a runner that meets a delegate
+    ExecuTorch's runtime lacks asks).
+    """
+    wanted = set(delegate_ids)
+    found = {}
+    for name in backend_names():
+        backend = get_backend(name)
+        for delegate_id in wanted.intersection(backend.delegate_ids):
+            found.setdefault(delegate_id, backend)
+    return found
 
 
 class UnknownBackend(ValueError):

@@ -100,8 +100,9 @@ def export_main(argv=None) -> int:
     parser.add_argument("--backend", default=default_backend(), choices=backend_names(),
                         help="the registered backend to lower for: xnnpack and portable run on CPU, "
                         "cuda on NVIDIA GPUs, metal on Apple GPUs")
-    parser.add_argument("--dtype", default="fp32", choices=tuple(DTYPES),
-                        help="weights and activations; the recurrent state stays float32")
+    parser.add_argument("--dtype", default=None, choices=tuple(DTYPES),
+                        help="weights and activations (default: the backend's, bf16 for cuda and fp32 for the "
+                        "others); the recurrent state stays float32")
     parser.add_argument("--max-seq-len", type=_positive_int, default=DEFAULT_MAX_SEQ_LEN,
                         help="context length: the tokens the KV cache holds")
     parser.add_argument("--quantize", default="none", choices=QUANTIZATIONS,

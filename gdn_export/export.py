@@ -123,6 +123,8 @@ def check_request(
     Raises ExportError for arguments and the machine, CheckpointError for the checkpoint.
     """
     chosen = _check_backend(backend, quantize)
+    if dtype is None:
+        dtype = chosen.default_dtype
     if dtype not in DTYPES:
         raise ExportError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if not isinstance(max_seq_len, int) or max_seq_len < 2:
@@ -175,7 +177,7 @@ def export_qwen35(
     output,
     *,
     backend: Optional[str] = None,
-    dtype: str = "fp32",
+    dtype: Optional[str] = None,
     max_seq_len: int = DEFAULT_MAX_SEQ_LEN,
     quantize: str = "none",
     prefill_chunk: Optional[int] = None,
@@ -184,9 +186,10 @@ def export_qwen35(
     """Export the Qwen3.5 checkpoint folder ``checkpoint`` to the program ``output`` (.pte).
 
     ``backend`` is a registered backend's name (``gdn_export.backends``; None:
-    the default, XNNPACK). ``progress`` receives one line as each long stage
-    begins (loading, quantization, ``torch.export``, to_edge and partition,
-    to_executorch, writing), headed by the seconds since the call began.
+    the default, XNNPACK); ``dtype`` None is the backend's default.
+    ``progress`` receives one line as each long stage begins (loading,
+    quantization, ``torch.export``, to_edge and partition, to_executorch,
+    writing), headed by the seconds since the call began.
     Raises ``ExportError`` or ``CheckpointError`` for bad arguments, files or
     machine before anything is written; ``output`` appears only once complete.
     """

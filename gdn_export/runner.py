@@ -8,6 +8,8 @@ loads our C++ kernels into the runtime's registry.
 
 from __future__ import annotations
 
+import mmap
+import struct
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +60,12 @@ class RunnerError(ValueError):
 
 
 class ProgramRunner:
-    """The ``forward(tokens, input_pos)`` method of a program, and where in the context it stands."""
+    """A program's step methods, and where in the context it stands.
+
+    A CPU program has ``forward(tokens, input_pos)`` for any chunk length; a CUDA
+    program has ``prefill`` (2 or more tokens) and ``decode`` (one token), which
+    share its state buffers.
+    """
 
     def __init__(self, model_path, data_path=None):
         Runtime = executorch_runtime()
@@ -71,9 +78,13 @@ class ProgramRunner:
             # A program's flatbuffer identifier ("ET" and a version) follows its 4-byte root offset.
             if handle.read(8)[4:6] != b"ET":
                 raise RunnerError(f"--model {model_path}: not an ExecuTorch program (.pte)")
+        _load_delegate_runtimes(model_path, Runtime)
         try:
             self.program = Runtime.get().load_program(model_path, data_path=data_path)
-            self.forward = self.program.load_method("forward")
+            names = self.program.method_names
+            # prefill before decode: the first method loaded uploads the shared weights and states.
+            self.steps = {name: self.program.load_method(name) for name in ("prefill", "decode", "forward")
+                          if name in names}
         except RuntimeError as error:
             raise RunnerError(f"--model {model_path}: ExecuTorch could not load it ({error})") from None
         self.metadata = {
@@ -82,6 +93,8 @@ class ProgramRunner:
             if name in self.program.method_names
         }
         missing = {"get_max_seq_len", "get_max_context_len", "get_eos_ids"} - set(self.metadata)
+        if "forward" not in self.steps and "decode" not in self.steps:
+            missing.add("forward or decode")
         if missing:
             raise RunnerError(f"--model {model_path}: not an LLM program (no {', '.join(sorted(missing))} method)")
         self.max_chunk = int(self.metadata["get_max_seq_len"][0])
@@ -104,11 +117,89 @@ class ProgramRunner:
             )
         for start in range(0, len(tokens), self.max_chunk):
             chunk = tokens[start:start + self.max_chunk]
-            (logits,) = self.forward.execute(
-                [torch.tensor([chunk], dtype=torch.long), torch.tensor([self.position], dtype=torch.long)]
-            )
+            try:
+                (logits,) = self._step(len(chunk)).execute(
+                    [torch.tensor([chunk], dtype=torch.long), torch.tensor([self.position], dtype=torch.long)]
+                )
+            except RuntimeError as error:  # ExecuTorch's message, without the C++ stack it may carry
+                reason = (str(error).strip().splitlines() or ["no message"])[0]
+                raise RunnerError(f"ExecuTorch failed running {len(chunk)} tokens at position {self.position}: "
+                                  f"{reason}") from None
             self.position += len(chunk)
         return logits[0, -1]
+
+    def _step(self, length: int):
+        """The method that runs a chunk of ``length`` tokens."""
+        if "forward" in self.steps:
+            return self.steps["forward"]
+        return self.steps["decode"] if length == 1 or "prefill" not in self.steps else self.steps["prefill"]
+
+
+def program_delegate_ids(model_path) -> set:
+    """The backend ids of the delegates in a ``.pte`` (every method's), read from its flatbuffer.
+
+    ExecuTorch's schema (``program.fbs``): ``Program.execution_plan`` (field 1)
+    holds ``ExecutionPlan``s whose ``delegates`` (field 7) are
+    ``BackendDelegate``s whose ``id`` (field 0) is the backend's name.
+    """
+    with open(model_path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+
+        def u32(at: int) -> int:
+            return struct.unpack_from("<I", data, at)[0]
+
+        def field(table: int, index: int):
+            """Where field ``index`` of the table at ``table`` lies, or None when absent."""
+            vtable = table - struct.unpack_from("<i", data, table)[0]
+            slot = 4 + 2 * index
+            if slot >= struct.unpack_from("<H", data, vtable)[0]:
+                return None
+            offset = struct.unpack_from("<H", data, vtable + slot)[0]
+            return table + offset if offset else None
+
+        def vector(at):
+            if at is None:
+                return []
+            start = at + u32(at)
+            return [start + 4 + 4 * i + u32(start + 4 + 4 * i) for i in range(u32(start))]
+
+        ids = set()
+        for plan in vector(field(u32(0), 1)):
+            for delegate in vector(field(plan, 7)):
+                where = field(delegate, 0)
+                if where is not None:
+                    text = where + u32(where)
+                    ids.add(bytes(data[text + 4:text + 4 + u32(text)]).decode())
+        return ids
+
+
+def _load_delegate_runtimes(model_path: Path, Runtime) -> None:
+    """Load the runtime of each delegate that ExecuTorch's runtime does not register itself.
+
+    The backend that provides it (``Backend.delegate_ids``) loads it; the runner
+    imports no backend package by name.
+    """
+    from gdn_export.backends import RuntimeUnavailable, backends_for_delegates
+
+    try:
+        ids = program_delegate_ids(model_path)
+    except (struct.error, IndexError, ValueError) as error:
+        raise RunnerError(f"--model {model_path}: not a readable ExecuTorch program ({error})") from None
+    registry = Runtime.get().backend_registry
+    missing = sorted(delegate_id for delegate_id in ids if not registry.is_available(delegate_id))
+    if not missing:
+        return
+    providers = backends_for_delegates(missing)
+    for delegate_id in missing:
+        if delegate_id not in providers:
+            raise RunnerError(
+                f"--model {model_path}: its {delegate_id} delegate has no runtime here (neither ExecuTorch's "
+                "runtime nor an installed gdn_export backend provides one)"
+            )
+    for backend in dict.fromkeys(providers.values()):
+        try:
+            backend.load_runtime()
+        except RuntimeUnavailable as error:
+            raise RunnerError(f"--model {model_path} runs on {backend.name}: {error}") from None
 
 
 @dataclass

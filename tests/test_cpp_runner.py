@@ -333,3 +333,10 @@ def test_runner_rejects_bad_input(runner_binary, llm_program, tmp_path):
     negative = run_binary([runner_binary, "--model", path, "--tokenizer", unigram, "--prompt", "hi",
                            "--max-new-tokens", "0"])
     assert negative.returncode == 2 and "--max-new-tokens" in negative.stderr
+
+    no_library = run_binary([runner_binary, "--model", path, "--tokenizer", unigram, "--prompt", "hi",
+                             "--backend-lib", tmp_path / "missing.so"])
+    assert no_library.returncode == 2 and f"--backend-lib {tmp_path / 'missing.so'}: no such file" in no_library.stderr
+    not_a_library = run_binary([runner_binary, "--model", path, "--tokenizer", unigram, "--prompt", "hi",
+                                "--backend-lib", unigram])
+    assert not_a_library.returncode == 2 and f"--backend-lib {unigram}: cannot load it" in not_a_library.stderr

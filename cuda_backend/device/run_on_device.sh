@@ -14,11 +14,23 @@
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
 #   lower: export_qwen35 --backend cuda on a tiny checkpoint: the .pte + .ptd through ExecuTorch's
 #          CudaBackend, as a user makes them
+#   e2e:   builds ExecuTorch's CUDA runtime from the source folder (EXECUTORCH_SRC, default
+#          build/executorch-src, made beforehand with `python -m cuda_backend.executorch_runtime source`:
+#          the machine has no network), exports a tiny dense checkpoint with --backend cuda (fp32, and
+#          with --prefill-chunk 4), runs it in that runtime (gdn-run too) and compares with
+#          transformers' generate, and prompts in chunks with one prefill
+#   e2e-models: the same for the MoE and Hv/Hk = 3 checkpoints (fp32) and the dense one in bf16
+#   e2e-all: both in one call (the dense fp32 export alone first, the other four at once)
+#   cpp-e2e: the C++ runner (no torch in the process) on the tiny dense model exported with
+#            --dtype fp32 --prefill-chunk ${CPP_PREFILL_CHUNK:-1} (1: decode only, the fastest compile),
+#            built beside the runtime; prints the greedy token ids to compare with transformers
+#            (the checkpoint is make_tiny_checkpoint(key_head_dim=64, value_head_dim=64, seed=0))
+# WHEELS names the wheel folder (default .whl).
 set -uo pipefail
 OUT=${OUT:-build/cuda_device}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "${WHEELS:-.whl}"/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
@@ -50,6 +62,32 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64)" "$OUT/tiny" > "$OUT/lower
       rm -rf "$OUT/tiny"
       grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/lower.log" | tail -12
       ls -l "$OUT"/*.pte "$OUT"/*.ptd 2>/dev/null ;;
+    e2e|e2e-models|e2e-all)
+      started=$SECONDS
+      echo "c++: $(command -v "${CXX:-g++}") $("${CXX:-g++}" --version | head -1); nvcc: $(command -v nvcc)"
+      python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
+          2>&1 | tee "$OUT/e2e_build.log" || { status=1; continue; }
+      echo "runtime built in $((SECONDS - started)) s"
+      python3 -X faulthandler -m cuda_backend.device.e2e_check "$OUT" --set "$(case $step in e2e) echo core;; e2e-models) echo models;; *) echo all;; esac)" \
+          --deadline-s "${E2E_DEADLINE_S:-$((550 - SECONDS))}" || status=1 ;;
+    cpp-e2e)
+      started=$SECONDS
+      python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
+          > "$OUT/cpp_e2e_build.log" 2>&1 || { status=1; tail -5 "$OUT/cpp_e2e_build.log"; continue; }
+      python3 -m examples.cpp_runner.build > "$OUT/cpp_runner_build.log" 2>&1 &
+      builder=$!
+      python3 -c "import sys; from gdn_export.tiny import make_tiny_checkpoint as make
+make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense > "$OUT/cpp_e2e.log" 2>&1
+      python3 -X faulthandler -c "import sys; from gdn_export.cli import export_main; sys.exit(export_main())" \
+          --checkpoint /tmp/tiny_dense --output /tmp/tiny_cuda.pte --backend cuda --dtype fp32 --max-seq-len 128 \
+          --prefill-chunk "${CPP_PREFILL_CHUNK:-1}" >> "$OUT/cpp_e2e.log" 2>&1 || status=1
+      echo "runtime + export in $((SECONDS - started)) s" | tee -a "$OUT/cpp_e2e.log"
+      wait $builder || { status=1; tail -20 "$OUT/cpp_runner_build.log"; }
+      build/cpp_runner/gdn_cpp_runner --model /tmp/tiny_cuda.pte --data /tmp/aoti_cuda_blob.ptd \
+          --backend-lib build/cuda_runtime/libgdn_executorch_cuda.so --tokenizer /tmp/tiny_dense/tokenizer.json \
+          --prompt "Once upon a time there was a little model that" --max-new-tokens 32 --temperature 0 \
+          --print-token-ids --verbose > "$OUT/cpp_run.out" 2> "$OUT/cpp_run.err" || status=1
+      tail -8 "$OUT/cpp_run.err"; echo "cpp-e2e in $((SECONDS - started)) s" ;;
     bench)
       python3 -m gdn_bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
           --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;

@@ -2,11 +2,13 @@
 //
 //   gdn_cpp_runner --model model.pte --tokenizer tokenizer.json --prompt TEXT
 //                  [--max-new-tokens N] [--temperature T] [--seed S]
-//                  [--data weights.ptd] [--print-token-ids] [--verbose]
+//                  [--data weights.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]
 //
 // The program's "forward(tokens int64 [1, T], input_pos int64 [1])" returns
 // logits [1, T or 1, vocab] and keeps its caches and recurrent states in
-// mutable buffers. A plain loop in the style of gpt-fast's generate.py: prefill
+// mutable buffers. A CUDA program has "prefill" (T >= 2) and "decode" (T = 1)
+// instead, which share those buffers; its delegate's runtime (ExecuTorch's
+// CudaBackend, `make cuda-runtime`) is loaded with --backend-lib. A plain loop in the style of gpt-fast's generate.py: prefill
 // the prompt in chunks of the program's get_max_seq_len, then decode one token
 // at a time until an id from get_eos_ids, --max-new-tokens or the end of the
 // context (get_max_context_len). Text streams to stdout as it is generated;
@@ -28,7 +30,11 @@
 #include <type_traits>
 #include <vector>
 
+#include <dlfcn.h>
+
 #include <executorch/extension/module/module.h>
+#include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/backend/options.h>
 #include <executorch/extension/tensor/tensor.h>
 #include <executorch/runtime/platform/platform.h>
 #include <executorch/runtime/platform/runtime.h>
@@ -65,11 +71,12 @@ class ProgramError : public std::runtime_error {
 constexpr const char* kUsage =
     "usage: gdn_cpp_runner --model MODEL.pte --tokenizer tokenizer.json --prompt TEXT\n"
     "                      [--max-new-tokens N (128)] [--temperature T (0: greedy)] [--seed S]\n"
-    "                      [--data WEIGHTS.ptd] [--print-token-ids] [--verbose]\n";
+    "                      [--data WEIGHTS.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]\n";
 
 struct Options {
   std::string model_path;
   std::string data_path;
+  std::string backend_lib;  // a delegate's runtime, registered with ExecuTorch when loaded
   std::string tokenizer_path;
   std::string prompt;
   int64_t max_new_tokens = 128;
@@ -128,6 +135,8 @@ Options parse_options(int argc, char** argv) {
       options.model_path = value;
     } else if (name == "--data") {
       options.data_path = value;
+    } else if (name == "--backend-lib") {
+      options.backend_lib = value;
     } else if (name == "--tokenizer") {
       options.tokenizer_path = value;
     } else if (name == "--prompt") {
@@ -151,6 +160,9 @@ Options parse_options(int argc, char** argv) {
   }
   if (!options.data_path.empty() && !is_file(options.data_path)) {
     throw UsageError("--data " + options.data_path + ": no such file");
+  }
+  if (!options.backend_lib.empty() && !is_file(options.backend_lib)) {
+    throw UsageError("--backend-lib " + options.backend_lib + ": no such file");
   }
   if (!is_file(options.tokenizer_path)) {
     throw UsageError("--tokenizer " + options.tokenizer_path + ": no such file");
@@ -185,7 +197,15 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The forward method of a program and where in its context the sequence stands.
+// Loads a delegate's runtime library; RTLD_GLOBAL so the delegate's compiled code resolves its symbols.
+void load_backend_library(const std::string& path) {
+  if (dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+    const char* reason = dlerror();
+    throw UsageError("--backend-lib " + path + ": cannot load it (" + (reason ? reason : "unknown error") + ")");
+  }
+}
+
+// The step methods of a program and where in its context the sequence stands.
 class LlmProgram {
  public:
   LlmProgram(const std::string& model_path, const std::string& data_path)
@@ -196,8 +216,8 @@ class LlmProgram {
     auto names = module_->method_names();
     check(names.error(), "listing its methods");
     method_names_ = std::set<std::string>(names->begin(), names->end());
-    if (!method_names_.count("forward")) {
-      fail("it has no forward method");
+    if (!method_names_.count("forward") && !method_names_.count("decode")) {
+      fail("it has no forward or decode method");
     }
     if (!method_names_.count("get_max_seq_len") && !method_names_.count("get_max_context_len")) {
       fail("not an LLM program (no get_max_seq_len or get_max_context_len method)");
@@ -223,7 +243,21 @@ class LlmProgram {
         eos_ids_.insert(value.toInt());
       }
     }
-    check(module_->load_method("forward"), "loading its forward method");
+    // Prefill before decode: the first method loaded uploads the weights and state buffers, which the
+    // second shares by name. CudaBackend shares them only with this option (set before either loads);
+    // a runtime without CudaBackend answers NotFound, which changes nothing.
+    if (!method_names_.count("forward") && method_names_.count("prefill")) {
+      executorch::runtime::BackendOption share{};
+      std::snprintf(share.key, sizeof(share.key), "%s", "weight_sharing_across_methods");
+      share.value = true;
+      (void)executorch::runtime::set_option("CudaBackend",
+                                            executorch::runtime::Span<executorch::runtime::BackendOption>(&share, 1));
+    }
+    for (const char* name : {"forward", "prefill", "decode"}) {
+      if (method_names_.count(name)) {
+        check(module_->load_method(name), std::string("loading its ") + name + " method");
+      }
+    }
   }
 
   int64_t max_context() const { return max_context_; }
@@ -243,10 +277,11 @@ class LlmProgram {
       std::vector<int64_t> input_pos = {position_};
       auto token_tensor = from_blob(chunk.data(), {1, static_cast<int32_t>(chunk.size())}, ScalarType::Long);
       auto position_tensor = from_blob(input_pos.data(), {1}, ScalarType::Long);
-      auto outputs = module_->forward({EValue(*token_tensor), EValue(*position_tensor)});
-      check(outputs.error(), "running forward at position " + std::to_string(position_));
+      const std::string method = step_method(chunk.size());
+      auto outputs = module_->execute(method, {EValue(*token_tensor), EValue(*position_tensor)});
+      check(outputs.error(), "running " + method + " at position " + std::to_string(position_));
       if (outputs->empty() || !(*outputs)[0].isTensor()) {
-        fail("forward did not return a logits tensor");
+        fail(method + " did not return a logits tensor");
       }
       logits = last_position_logits((*outputs)[0].toTensor());
       position_ += static_cast<int64_t>(chunk.size());
@@ -257,6 +292,12 @@ class LlmProgram {
  private:
   [[noreturn]] void fail(const std::string& reason) const {
     throw ProgramError("--model " + model_path_ + ": " + reason);
+  }
+
+  // forward takes any chunk; otherwise one token goes through decode and more through prefill.
+  std::string step_method(size_t length) const {
+    if (method_names_.count("forward")) return "forward";
+    return length == 1 || !method_names_.count("prefill") ? "decode" : "prefill";
   }
 
   void check(Error error, const std::string& doing) const {
@@ -301,7 +342,7 @@ class LlmProgram {
         break;
       }
       default:
-        throw ProgramError("forward returned logits of an unsupported dtype (float32, bfloat16 or float16 expected)");
+        throw ProgramError("the program returned logits of an unsupported dtype (float32, bfloat16 or float16 expected)");
     }
     return last;
   }
@@ -348,6 +389,9 @@ void print_ids(const char* label, const std::vector<int64_t>& ids) {
 
 int run(const Options& options) {
   auto started = std::chrono::steady_clock::now();
+  if (!options.backend_lib.empty()) {
+    load_backend_library(options.backend_lib);
+  }
   const auto tokenizer = gdn_runner::BpeTokenizer::from_file(options.tokenizer_path);
   LlmProgram program(options.model_path, options.data_path);
   std::fprintf(stderr, "loaded %s and %s in %.0f ms\n", options.model_path.c_str(), options.tokenizer_path.c_str(),

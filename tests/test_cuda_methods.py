@@ -1,0 +1,298 @@
+"""The CUDA program's two methods (``decode``, ``prefill``) and ExecuTorch's CUDA runtime around them.
+
+Without a GPU: ``CudaTritonBackend.export_methods`` is traced on the CPU (the triton_ops through
+their fake implementations), and the exported programs run in a child under
+Triton's interpreter, sharing one set of state buffers as the CUDA runtime
+shares them, against the reference model (the per-token Python recurrence).
+The runtime's loader, its matching lowering and the source folder are checked
+with stand-ins; the runtime itself needs a GPU (``run_on_device.sh e2e``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")  # the CUDA rewrite's ops are triton_ops
+
+from tests.triton_interpreter import INTERPRETED, REPO_ROOT, rerun_module, run_under_triton_interpreter  # noqa: E402
+
+if INTERPRETED:  # torch.export cannot trace the interpreter's kernels: rerun without it
+
+    def test_method_tests_without_the_interpreter():
+        rerun_module(__file__, interpret=False)
+
+
+directly = pytest.mark.skipif(INTERPRETED, reason="rerun without TRITON_INTERPRET by the test above")
+
+from cuda_backend import executorch_runtime  # noqa: E402
+from cuda_backend.backend import CUDA  # noqa: E402
+from cuda_backend.lowering import cuda_decompositions  # noqa: E402
+
+PREFILL_CHUNK = 8
+MAX_SEQ_LEN = 64
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, module_seed):
+    from gdn_export.tiny import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), key_head_dim=64, value_head_dim=64, seed=module_seed)
+
+
+def _cuda_model(checkpoint, dtype=torch.float32):
+    from gdn_export.loading import load_qwen35
+    from gdn_export.passes import rewrite
+
+    model = rewrite(load_qwen35(checkpoint, dtype=dtype, max_seq_len=MAX_SEQ_LEN), "cuda")
+    model.all_logits = False  # as export_qwen35 exports it
+    return model
+
+
+@pytest.fixture(scope="module")
+def methods(checkpoint):
+    return CUDA.export_methods(_cuda_model(checkpoint), PREFILL_CHUNK)
+
+
+def _gdn_ops(program) -> list[str]:
+    return [str(node.target) for node in program.graph.nodes if "gdn" in str(node.target)]
+
+
+@pytest.fixture(scope="module")
+def decomposed(methods):
+    """What lower_to_cuda hands to CudaBackend: the gdn_cuda ops as their Triton kernel launches,
+    and the graph functionalized (state updates as buffer mutations)."""
+    return {name: program.run_decompositions(cuda_decompositions(), decompose_custom_triton_ops=True)
+            for name, program in methods.items()}
+
+
+def _triton_kernels(decomposed) -> set[str]:
+    """The Triton kernels a decomposed program launches."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    names = set()
+    for node in decomposed.graph.nodes:
+        if "triton_kernel_wrapper" in str(node.target):
+            kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+            names.add(getattr(kernel, "fn", kernel).__name__)
+    return names
+
+
+@directly
+def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(methods, decomposed):
+    assert sorted(methods) == ["decode", "prefill"]
+    layers = 2  # linear-attention layers of the tiny model
+    assert _gdn_ops(methods["decode"]) == ["gdn_cuda.fused_recurrent_gated_delta_rule.default"] * layers
+    assert _gdn_ops(methods["prefill"]) == ["gdn_cuda.fused_chunked_gated_delta_rule.default"] * layers
+    decode_kernels, prefill_kernels = _triton_kernels(decomposed["decode"]), _triton_kernels(decomposed["prefill"])
+    assert decode_kernels == {"recurrent_gated_delta_rule_kernel"}, decode_kernels
+    assert {"chunk_prepare_kernel", "chunk_state_kernel"} <= prefill_kernels, prefill_kernels
+    assert "recurrent_gated_delta_rule_kernel" not in prefill_kernels
+
+
+@directly
+def test_prefill_takes_two_to_prefill_chunk_tokens(methods):
+    decode_tokens = methods["decode"].graph_signature.user_inputs[0]
+    shapes = {node.name: node.meta["val"].shape for node in methods["decode"].graph.nodes if node.op == "placeholder"}
+    assert list(shapes[decode_tokens]) == [1, 1]
+    prefill = methods["prefill"]
+    tokens = next(node for node in prefill.graph.nodes if node.name == prefill.graph_signature.user_inputs[0])
+    length = tokens.meta["val"].shape[1]
+    assert isinstance(length, torch.SymInt)
+    bounds = prefill.range_constraints[length.node.expr]
+    assert (int(bounds.lower), int(bounds.upper)) == (2, PREFILL_CHUNK)
+
+
+@directly
+def test_both_methods_update_the_same_state_buffers(checkpoint, decomposed):
+    model = _cuda_model(checkpoint)
+    states = {name for name, _ in model.named_buffers()}
+    assert any(name.endswith("recurrent_state") for name in states) and any(name.endswith("k_cache") for name in states)
+    for name, program in decomposed.items():
+        mutated = set(program.graph_signature.buffers_to_mutate.values())
+        assert mutated == states, f"{name} mutates {sorted(mutated)}, the model's states are {sorted(states)}"
+
+
+@directly
+def test_bf16_methods_keep_the_recurrent_state_fp32(checkpoint):
+    program = CUDA.export_methods(_cuda_model(checkpoint, torch.bfloat16), 4)["decode"]
+    dtypes = {name: tensor.dtype for name, tensor in program.state_dict.items()}
+    dtypes.update({name: tensor.dtype for name, tensor in program.constants.items()})
+    assert {dtype for name, dtype in dtypes.items() if name.endswith("recurrent_state")} == {torch.float32}
+    assert dtypes["lm_head.weight"] == torch.bfloat16 and dtypes["layers.2.self_attn.k_cache"] == torch.bfloat16
+
+
+@directly
+def test_prefill_chunk_of_one_exports_decode_alone(checkpoint):
+    assert sorted(CUDA.export_methods(_cuda_model(checkpoint), 1)) == ["decode"]
+
+
+# In a child under Triton's interpreter: both programs with ONE set of state buffers (the CUDA
+# runtime shares them by name between the methods), against the reference model, call by call.
+RUN_METHODS = """
+import json, sys, torch
+import cuda_backend  # defines the gdn_cuda ops the programs call
+from gdn_export.loading import load_qwen35
+decode_path, prefill_path, checkpoint, calls = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+decode, prefill = torch.export.load(decode_path).module(), torch.export.load(prefill_path).module()
+for name, buffer in decode.named_buffers():
+    buffer.zero_()
+    owner, _, leaf = name.rpartition(".")
+    prefill.get_submodule(owner)._buffers[leaf] = buffer  # prefill now updates decode's tensors
+assert all(a.data_ptr() == b.data_ptr() for a, b in zip(decode.buffers(), prefill.buffers()))
+reference = load_qwen35(checkpoint, max_seq_len=int(sys.argv[5]))
+reference.all_logits = False
+errors = []
+with torch.no_grad():
+    for tokens, position in calls:
+        tokens, position = torch.tensor([tokens]), torch.tensor([position])
+        program = decode if tokens.shape[1] == 1 else prefill
+        expected, actual = reference(tokens, position), program(tokens, position)
+        errors.append(((actual - expected).abs().max() / expected.abs().max()).item())
+print(json.dumps(errors))
+"""
+
+
+@directly
+def test_decode_and_prefill_programs_continue_each_other_like_the_reference(checkpoint, methods, tmp_path,
+                                                                           generator):
+    """Prefill, decode steps, a full-size chunk, more decode, then a new sequence at position 0:
+    each call's logits are the reference model's (one state, whichever method runs)."""
+    paths = {}
+    for name, program in methods.items():
+        paths[name] = tmp_path / f"{name}.pt2"
+        torch.export.save(program, paths[name])
+    def tokens(count):
+        return torch.randint(0, 300, (count,), generator=generator).tolist()
+
+    calls = [(tokens(7), 0), (tokens(1), 7), (tokens(1), 8), (tokens(PREFILL_CHUNK), 9), (tokens(1), 17),
+             (tokens(2), 18), (tokens(3), 0), (tokens(1), 3)]
+    output = run_under_triton_interpreter(RUN_METHODS, str(paths["decode"]), str(paths["prefill"]), str(checkpoint),
+                                          json.dumps(calls), str(MAX_SEQ_LEN))
+    errors = json.loads(output.strip().splitlines()[-1])
+    assert len(errors) == len(calls) and max(errors) <= 1e-5, f"relative errors per call {errors}"
+
+
+# --- ProgramRunner on a two-method program ----------------------------------------------------
+
+
+class _RecordingMethod:
+    def __init__(self, name, calls, vocab):
+        self.name, self.calls, self.vocab = name, calls, vocab
+
+    def execute(self, inputs):
+        tokens, position = inputs
+        self.calls.append((self.name, tokens.shape[1], int(position[0])))
+        return [torch.zeros(1, 1, self.vocab)]
+
+
+def test_runner_feeds_chunks_to_prefill_and_single_tokens_to_decode():
+    from gdn_export.runner import ProgramRunner
+
+    calls = []
+    runner = ProgramRunner.__new__(ProgramRunner)
+    runner.steps = {name: _RecordingMethod(name, calls, 11) for name in ("prefill", "decode")}
+    runner.max_chunk, runner.max_context, runner.position = 4, 64, 0
+    runner.feed(list(range(9)))
+    runner.feed([5])
+    assert calls == [("prefill", 4, 0), ("prefill", 4, 4), ("decode", 1, 8), ("decode", 1, 9)]
+    calls.clear()
+    runner.steps = {"forward": _RecordingMethod("forward", calls, 11)}  # a CPU program: forward for every chunk
+    runner.position = 0
+    runner.feed(list(range(5)))
+    assert calls == [("forward", 4, 0), ("forward", 1, 4)]
+
+
+# --- the runtime's loader, lowering and source folder ------------------------------------------
+
+
+def test_missing_runtime_library_is_one_clear_error(tmp_path, monkeypatch):
+    missing = tmp_path / "nowhere" / "libgdn_executorch_cuda.so"
+    monkeypatch.setenv(executorch_runtime.ENV_VAR, str(missing))
+    monkeypatch.setattr(executorch_runtime, "_loaded", None)
+    with pytest.raises(executorch_runtime.CudaRuntimeUnavailable) as error:
+        executorch_runtime.load()
+    message = str(error.value)
+    assert str(missing) in message and "$GDN_CUDA_RUNTIME_LIB" in message and "make cuda-runtime" in message
+    assert "\n" not in message
+
+
+def test_default_runtime_library_is_in_the_build_folder(monkeypatch):
+    monkeypatch.delenv(executorch_runtime.ENV_VAR, raising=False)
+    assert executorch_runtime.library_path() == REPO_ROOT / "build" / "cuda_runtime" / "libgdn_executorch_cuda.so"
+
+
+def test_lowering_without_the_built_runtime_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv(executorch_runtime.ENV_VAR, str(tmp_path / "libgdn_executorch_cuda.so"))
+    monkeypatch.setattr(executorch_runtime, "_finder", None)
+    with pytest.raises(executorch_runtime.CudaRuntimeUnavailable, match="no lowering at .*make cuda-runtime"):
+        executorch_runtime.use_matching_lowering()
+    assert not any(isinstance(finder, executorch_runtime._LoweringFinder) for finder in sys.meta_path)
+
+
+def _write(path: Path, text: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+# A child process: the finder changes what `executorch.backends.cuda` is for the whole process.
+IMPORT_LOWERING = """
+import json, sys
+from cuda_backend import executorch_runtime
+executorch_runtime.use_matching_lowering()
+import executorch.backends.cuda.cuda_backend as backend, executorch.backends.aoti.aoti_backend as aoti
+found = {"marker": backend.MARKER, "cuda": backend.__file__, "aoti": aoti.__file__}
+try:
+    import executorch.backends.cuda.cuda_partitioner  # only in the wheel
+    found["wheel"] = "imported"
+except ModuleNotFoundError as error:
+    found["wheel"] = str(error)
+print(json.dumps(found))
+"""
+
+
+def test_lowering_imports_the_runtimes_revision_not_the_wheels(tmp_path):
+    build = tmp_path / "cuda_runtime"
+    package = build / "python" / "executorch" / "backends"
+    _write(package / "cuda" / "__init__.py")
+    _write(package / "cuda" / "cuda_backend.py", "MARKER = 'runtime revision'\n")
+    _write(package / "aoti" / "aoti_backend.py")  # a folder without __init__.py, as in ExecuTorch
+    environment = dict(os.environ, PYTHONPATH=str(REPO_ROOT),
+                       **{executorch_runtime.ENV_VAR: str(build / executorch_runtime.LIBRARY_NAME)})
+    child = subprocess.run([sys.executable, "-c", IMPORT_LOWERING], cwd=REPO_ROOT, env=environment,
+                           capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stderr[-3000:]
+    found = json.loads(child.stdout.strip().splitlines()[-1])
+    assert found["marker"] == "runtime revision"
+    assert found["cuda"].startswith(str(package)) and found["aoti"].startswith(str(package))
+    assert "not in the CUDA runtime's lowering" in found["wheel"]
+
+
+def _git(*arguments, cwd):
+    return subprocess.run(["git", *arguments], cwd=cwd, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_source_folder_is_the_revisions_subfolders_and_build_checks_the_revision(tmp_path):
+    repository = tmp_path / "executorch"
+    for path in ("backends/cuda/runtime/cuda_backend.cpp", "backends/aoti/aoti_backend.py",
+                 "extension/cuda/caller_stream.cpp", "docs/elsewhere.md"):
+        _write(repository / path, f"// {path}\n")
+    _git("init", "-q", cwd=repository)
+    _git("add", ".", cwd=repository)
+    _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "source", cwd=repository)
+    revision = _git("rev-parse", "HEAD", cwd=repository)
+
+    out = executorch_runtime.make_source(tmp_path / "src", mirror=repository / ".git", revision=revision)
+    assert (out / "executorch" / "backends" / "cuda" / "runtime" / "cuda_backend.cpp").is_file()
+    assert (out / "executorch" / "extension" / "cuda" / "caller_stream.cpp").is_file()
+    assert not (out / "executorch" / "docs").exists()  # only the subfolders the runtime needs
+    assert executorch_runtime.source_revision(out) == revision != executorch_runtime.PINNED_REVISION
+    with pytest.raises(executorch_runtime.CudaRuntimeUnavailable, match="not the pinned"):
+        executorch_runtime.build(out, tmp_path / "build")
+    assert not (tmp_path / "build").exists()
