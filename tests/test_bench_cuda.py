@@ -50,8 +50,8 @@ else:
         return bench._decode_implementations(sweep=False)
 
     @pytest.fixture
-    def inputs():
-        generator = torch.Generator(device=DEVICE).manual_seed(torch.seed())
+    def inputs(seed):
+        generator = torch.Generator(device=DEVICE).manual_seed(seed)
         return bench._decode_inputs(2, generator, device=DEVICE)
 
     def expected(x, from_raw_gates=True, all_tokens=False):
@@ -99,8 +99,8 @@ else:
         assert relative_error(output.double(), expected_output) <= bound(output)
         assert relative_error(inputs["state"].double(), expected_state) <= bound(inputs["state"])
 
-    def test_ours_fused_chunked_updates_the_state_in_place():
-        x = bench._prefill_inputs(20, torch.Generator(device=DEVICE).manual_seed(torch.seed()), device=DEVICE)
+    def test_ours_fused_chunked_updates_the_state_in_place(seed):
+        x = bench._prefill_inputs(20, torch.Generator(device=DEVICE).manual_seed(seed), device=DEVICE)
         expected_output, expected_state = expected(x, all_tokens=True)
         output = bench._prefill_implementations()[bench.OURS_PREFILL](x)()
         # For bf16 callers the chunked kernels keep their chunk tensors in bf16 and multiply at
@@ -116,9 +116,9 @@ else:
         assert relative_error(inputs["output"][:, 0].double(), expected_output) <= bound(inputs["output"])
         assert relative_error(inputs["state"].double(), expected_state) <= bound(inputs["state"])
 
-    def test_chunked_sweep_column_writes_output_and_state_in_place():
+    def test_chunked_sweep_column_writes_output_and_state_in_place(seed):
         # The separate output kernel, which the chunked launcher's own shape leaves out.
-        x = bench._prefill_inputs(20, torch.Generator(device=DEVICE).manual_seed(torch.seed()), device=DEVICE)
+        x = bench._prefill_inputs(20, torch.Generator(device=DEVICE).manual_seed(seed), device=DEVICE)
         expected_output, expected_state = expected(x, from_raw_gates=False, all_tokens=True)
         x["output"].fill_(float("nan"))
         bench._prefill_implementations(sweep=True)["ours: chunked fused_output=False"](x)()

@@ -95,34 +95,33 @@ def exported(tmp_path_factory):
     return Exported(tmp_path_factory.mktemp("export"))
 
 
-def fresh_prompt(length, vocab=400):
-    generator = torch.Generator().manual_seed(torch.seed())
+def fresh_prompt(length, generator, vocab=400):
     return torch.randint(3, vocab, (length,), generator=generator).tolist()
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_pte_logits_match_transformers(exported, variant):
+def test_pte_logits_match_transformers(exported, variant, generator):
     checkpoint = exported.checkpoint(variant)
     runner = ProgramRunner(exported.program(variant))
     hf = hugging_face_model(checkpoint)
-    prompt = fresh_prompt(11)
-    continuation = fresh_prompt(6)
+    prompt = fresh_prompt(11, generator)
+    continuation = fresh_prompt(6, generator)
     expected = hugging_face_step_logits(hf, prompt, continuation)
     actual = pte_step_logits(runner, prompt, continuation)
     assert (actual - expected).abs().max().item() <= 1e-4
 
 
-def test_portable_backend_matches_transformers(exported):
+def test_portable_backend_matches_transformers(exported, generator):
     runner = ProgramRunner(exported.program("dense", backend="portable"))
     hf = hugging_face_model(exported.checkpoint("dense"))
-    prompt, continuation = fresh_prompt(9), fresh_prompt(4)
+    prompt, continuation = fresh_prompt(9, generator), fresh_prompt(4, generator)
     expected = hugging_face_step_logits(hf, prompt, continuation)
     assert (pte_step_logits(runner, prompt, continuation) - expected).abs().max().item() <= 1e-4
 
 
-def test_prefill_in_chunks_equals_one_shot(exported):
+def test_prefill_in_chunks_equals_one_shot(exported, generator):
     runner = ProgramRunner(exported.program("dense"))
-    prompt = fresh_prompt(13)
+    prompt = fresh_prompt(13, generator)
     runner.reset()
     one_shot = runner.feed(prompt).clone()
     runner.reset()
@@ -210,14 +209,14 @@ def eager_step_logits(model, prompt_ids, continuation):
     [("dense", "int8wo", 1e-4, 0.1), ("dense", "8da4w", 0.06, 0.8),
      ("tied", "8da4w", 0.06, 0.8), ("tied", "8da8w", 0.01, 0.1)],
 )
-def test_quantized_programs_stay_close(exported, variant, quantize, lowering_error, max_quantization_error):
+def test_quantized_programs_stay_close(exported, variant, quantize, lowering_error, max_quantization_error, generator):
     from gdn_export import load_qwen35, rewrite
     from gdn_export.quantize import quantize_model
 
     checkpoint = exported.checkpoint(variant)
     runner = ProgramRunner(exported.program(variant, quantize=quantize))
     hf = hugging_face_model(checkpoint)
-    prompt = fresh_prompt(8)
+    prompt = fresh_prompt(8, generator)
     continuation = hugging_face_greedy(hf, prompt, 16)[:-1]
     eager = quantize_model(rewrite(load_qwen35(checkpoint, max_seq_len=128), backend="xnnpack"), quantize)
     expected = eager_step_logits(eager, prompt, continuation)

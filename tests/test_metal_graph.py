@@ -80,7 +80,7 @@ class EmulatedMetalRecurrence(nn.Module):
         return emulation.fused_gated_delta_rule_out(mixed_qkv, a, b, A_log, dt_bias, state, output=output)
 
 
-def test_emulated_metal_model_matches_the_pytorch_model(checkpoint):
+def test_emulated_metal_model_matches_the_pytorch_model(checkpoint, seed):
     reference_model = load_qwen35(checkpoint, max_seq_len=32)
     metal_model = rewrite(load_qwen35(checkpoint, max_seq_len=32), "metal")
     layers = [module for module in metal_model.modules() if isinstance(module, GatedDeltaNet)]
@@ -88,7 +88,6 @@ def test_emulated_metal_model_matches_the_pytorch_model(checkpoint):
     for layer in layers:
         assert isinstance(layer.recurrence, FusedOpRecurrence)
         layer.recurrence = EmulatedMetalRecurrence()
-    seed = torch.seed()
     prompt = torch.randint(0, reference_model.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(seed))
     with torch.no_grad():
         for tokens, start in ((prompt, 0), (prompt[:, -1:], 5)):

@@ -36,8 +36,8 @@ def _params_size(struct_name: str) -> int:
 
 
 @pytest.mark.parametrize("case", PLAN_CASES, ids=lambda case: case.name)
-def test_python_plan_equals_the_runtime_plan(case):
-    inputs = make_inputs(case, torch.Generator().manual_seed(torch.seed()))
+def test_python_plan_equals_the_runtime_plan(case, generator):
+    inputs = make_inputs(case, generator)
     output = torch.empty(inputs.value.shape, dtype=case.dtype)
     final_state = torch.empty(inputs.initial_state.shape)
     args = (*inputs.as_args(), output, final_state)
@@ -51,8 +51,8 @@ def test_python_plan_equals_the_runtime_plan(case):
 
 @pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", PLAN_CASES[:2] + PLAN_CASES[3:], ids=lambda case: case.name)
-def test_python_fused_plan_equals_the_runtime_plan(case, param_dtype):
-    inputs = make_fused_inputs(case, torch.Generator().manual_seed(torch.seed()))
+def test_python_fused_plan_equals_the_runtime_plan(case, param_dtype, generator):
+    inputs = make_fused_inputs(case, generator)
     A_log, dt_bias = inputs.A_log.to(param_dtype), inputs.dt_bias.to(param_dtype)
     output = torch.empty(case.batch, case.length, case.num_v_heads, case.value_dim, dtype=case.dtype)
     args = (inputs.mixed_qkv, inputs.a, inputs.b, A_log, dt_bias, inputs.state, output)
@@ -69,10 +69,9 @@ def test_compile_shader_source_is_self_contained():
     assert "struct GatedDeltaRuleParams" in source and "struct FusedGatedDeltaRuleParams" in source
 
 
-def test_unsupported_call_falls_back_to_the_reference_with_a_warning():
+def test_unsupported_call_falls_back_to_the_reference_with_a_warning(seed):
     """32-dim heads: no Metal kernel; the reference result comes back, with a warning naming why."""
     case = OpCase(call="out")
-    seed = torch.seed()
     inputs = make_inputs(case, torch.Generator().manual_seed(seed))
     output = torch.full(inputs.value.shape, float("nan"))
     final_state = torch.full(inputs.initial_state.shape, float("nan"))

@@ -9,26 +9,22 @@ from gdn_export.ops import reference
 from gdn_export.ops.conformance import OpCase, make_inputs, relative_error
 
 
-def fresh_generator():
-    return torch.Generator().manual_seed(torch.seed())
-
-
 @pytest.mark.parametrize("gate", ["scalar", "per_channel"])
 @pytest.mark.parametrize("chunk_size", [1, 3, 16, 64, 100])
 @pytest.mark.parametrize("length", [1, 31, 130])
-def test_chunked_form_equals_recurrent_form(gate, chunk_size, length):
+def test_chunked_form_equals_recurrent_form(gate, chunk_size, length, generator):
     case = OpCase(batch=2, length=length, num_k_heads=2, num_v_heads=6, key_dim=16, value_dim=24, gate=gate)
-    args = [t.double() for t in make_inputs(case, fresh_generator()).as_args()]
+    args = [t.double() for t in make_inputs(case, generator).as_args()]
     expected = reference.recurrent_gated_delta_rule(*args, use_qk_l2norm=True, scale=0.2)
     actual = reference.chunked_gated_delta_rule(*args, use_qk_l2norm=True, scale=0.2, chunk_size=chunk_size)
     assert relative_error(actual[0], expected[0]) < 1e-12
     assert relative_error(actual[1], expected[1]) < 1e-12
 
 
-def test_chunked_form_survives_extreme_decay():
+def test_chunked_form_survives_extreme_decay(generator):
     # Exponents are of gate differences s <= t only: g = -30 per token must not overflow.
     case = OpCase(length=100, gate="per_channel", extreme="g_min")
-    args = [t.double() for t in make_inputs(case, fresh_generator()).as_args()]
+    args = [t.double() for t in make_inputs(case, generator).as_args()]
     expected = reference.recurrent_gated_delta_rule(*args, use_qk_l2norm=True)
     actual = reference.chunked_gated_delta_rule(*args, use_qk_l2norm=True, chunk_size=64)
     assert torch.isfinite(actual[0]).all() and torch.isfinite(actual[1]).all()
@@ -38,12 +34,12 @@ def test_chunked_form_survives_extreme_decay():
 @pytest.mark.parametrize("use_qk_l2norm", [False, True])
 @pytest.mark.parametrize("heads", [(4, 4), (2, 8)])
 @pytest.mark.parametrize("length", [1, 23])
-def test_matches_hugging_face_recurrent_gated_delta_rule(use_qk_l2norm, heads, length):
+def test_matches_hugging_face_recurrent_gated_delta_rule(use_qk_l2norm, heads, length, generator):
     """Our op is exactly transformers' torch_recurrent_gated_delta_rule (GDA, Qwen3.5)."""
     num_k_heads, num_v_heads = heads
     case = OpCase(batch=2, length=length, num_k_heads=num_k_heads, num_v_heads=num_v_heads,
                   key_dim=32, value_dim=48, use_qk_l2norm=use_qk_l2norm)
-    inputs = make_inputs(case, fresh_generator())
+    inputs = make_inputs(case, generator)
     expected_output, expected_state = torch_recurrent_gated_delta_rule(
         *inputs.as_args()[:5], initial_state=inputs.initial_state, output_final_state=True,
         use_qk_l2norm_in_kernel=use_qk_l2norm,
@@ -53,9 +49,9 @@ def test_matches_hugging_face_recurrent_gated_delta_rule(use_qk_l2norm, heads, l
     torch.testing.assert_close(final_state, expected_state, rtol=1e-5, atol=1e-5)
 
 
-def test_out_variant_updates_state_in_place():
+def test_out_variant_updates_state_in_place(generator):
     case = OpCase(length=9, gate="per_channel")
-    inputs = make_inputs(case, fresh_generator())
+    inputs = make_inputs(case, generator)
     expected_output, expected_state = torch.ops.gdn.gated_delta_rule(*inputs.as_args())
     state = inputs.initial_state.clone()
     output = torch.full_like(inputs.value, float("nan"))
@@ -65,8 +61,8 @@ def test_out_variant_updates_state_in_place():
     torch.testing.assert_close(state, expected_state, rtol=0, atol=0)
 
 
-def _valid_args():
-    return list(make_inputs(OpCase(length=3), fresh_generator()).as_args())
+def _valid_args(generator):
+    return list(make_inputs(OpCase(length=3), generator).as_args())
 
 
 @pytest.mark.parametrize(
@@ -88,8 +84,8 @@ def _valid_args():
         (2, lambda t: t.to("meta"), RuntimeError, "one device"),
     ],
 )
-def test_bad_input_names_the_argument(index, bad, error, message):
-    args = _valid_args()
+def test_bad_input_names_the_argument(index, bad, error, message, generator):
+    args = _valid_args(generator)
     args[index] = bad(args[index])
     with pytest.raises(error, match=message):
         torch.ops.gdn.gated_delta_rule(*args)
@@ -104,8 +100,8 @@ def test_bad_input_names_the_argument(index, bad, error, message):
         ("final_state", lambda value, state: state[:, :1].clone(), "final_state must have shape"),
     ],
 )
-def test_bad_out_tensors_are_rejected_before_writing(name, make_bad, message):
-    args = _valid_args()
+def test_bad_out_tensors_are_rejected_before_writing(name, make_bad, message, generator):
+    args = _valid_args(generator)
     outs = {
         "output": torch.full_like(args[2], float("nan")),
         "final_state": torch.full_like(args[5], float("nan")),
@@ -118,31 +114,31 @@ def test_bad_out_tensors_are_rejected_before_writing(name, make_bad, message):
         torch.testing.assert_close(outs[key], before[key], equal_nan=True, rtol=0, atol=0)
 
 
-def test_fake_implementation_gives_export_the_shapes():
+def test_fake_implementation_gives_export_the_shapes(generator):
     class Layer(torch.nn.Module):
         def forward(self, query, key, value, g, beta, state):
             return torch.ops.gdn.gated_delta_rule(query, key, value, g, beta, state, use_qk_l2norm=True)
 
     case = OpCase(length=5, gate="per_channel", num_k_heads=1, num_v_heads=3, key_dim=8, value_dim=12)
-    args = make_inputs(case, fresh_generator()).as_args()
+    args = make_inputs(case, generator).as_args()
     length = torch.export.Dim("T", max=128)
     dynamic = ({1: length},) * 5 + (None,)
     program = torch.export.export(Layer(), args, dynamic_shapes=dynamic)
     targets = [node.target for node in program.graph.nodes if node.op == "call_function"]
     assert torch.ops.gdn.gated_delta_rule.default in targets
-    longer = make_inputs(OpCase(**{**case.__dict__, "length": 40}), fresh_generator()).as_args()
+    longer = make_inputs(OpCase(**{**case.__dict__, "length": 40}), generator).as_args()
     output, state = program.module()(*longer)
     expected = reference.recurrent_gated_delta_rule(*longer, use_qk_l2norm=True)
     assert output.shape == (1, 40, 3, 12)
     assert relative_error(output, expected[0]) < 1e-5 and relative_error(state, expected[1]) < 1e-5
 
 
-def test_mutating_form_exports_without_a_state_copy():
+def test_mutating_form_exports_without_a_state_copy(generator):
     """gated_delta_rule_inplace on a buffer: the ExecuTorch program updates it in place."""
     from executorch.exir import to_edge_transform_and_lower
 
     case = OpCase(length=4, num_k_heads=1, num_v_heads=2, key_dim=8, value_dim=8)
-    inputs = make_inputs(case, fresh_generator())
+    inputs = make_inputs(case, generator)
 
     class Layer(torch.nn.Module):
         def __init__(self):

@@ -1,6 +1,6 @@
 """Qwen35ForCausalLM against transformers on tiny random checkpoints built by transformers itself.
 
-Each checkpoint gets a fresh seed (printed on failure); the prompts are fresh
+Each checkpoint gets its seed from the run's seed (printed on failure); the prompts are fresh
 random tokens. Logits must match within 1e-4 (fp32), as loaded and after the
 rewrites whose ``gdn`` ops run their PyTorch reference here: the in-place op
 (portable) and the fused op (metal). The CUDA rewrite's ops are Triton kernels:
@@ -15,6 +15,7 @@ from gdn_export.loading import load_qwen35
 from gdn_export.models.qwen35 import Qwen35Config, Qwen35ForCausalLM
 from gdn_export.passes import rewrite
 from gdn_export.tiny import make_tiny_checkpoint
+from tests.conftest import derived_seed
 
 TOLERANCE = 1e-4
 VARIANTS = {
@@ -28,10 +29,6 @@ VARIANTS = {
     "wrapper": dict(wrapper=True),
     "wrapper_moe_tied": dict(wrapper=True, moe=True, tie_word_embeddings=True),
 }
-
-
-def fresh_seed() -> int:
-    return torch.seed() % 2**31
 
 
 def hf_model(directory, options):
@@ -53,7 +50,7 @@ def hf_model(directory, options):
 def checkpoint(request, tmp_path_factory):
     """(variant, options, seed, folder, transformers model) for each variant."""
     options = VARIANTS[request.param]
-    seed = fresh_seed()
+    seed = derived_seed(f"{request.node.nodeid}[{request.param}]")
     folder = make_tiny_checkpoint(tmp_path_factory.mktemp(request.param), seed=seed, **options)
     return request.param, options, seed, folder, hf_model(folder, options)
 
