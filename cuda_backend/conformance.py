@@ -20,7 +20,7 @@ from typing import Optional, Sequence
 import torch
 
 import cuda_backend
-from cuda_backend.backend import SUPPORTED_HEAD_DIMS
+from cuda_backend.kernels import SUPPORTED_HEAD_DIMS
 from gdn_export.ops.conformance import (
     CASES,
     FUSED_CASES,

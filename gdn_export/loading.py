@@ -138,6 +138,7 @@ def load_model(
     if not isinstance(max_seq_len, int) or max_seq_len < 1:
         raise ValueError(f"max_seq_len must be a positive int, got {max_seq_len!r}")
     folder, config, config_file = checkpoint.folder, checkpoint.config, checkpoint.config_file
+    tensors = _read_tensors(checkpoint.weight_files, dtype)  # a generator: nothing is read before the loop below
     with torch.device("meta"):
         model = Qwen35ForCausalLM(config, max_seq_len=max_seq_len, dtype=dtype)
     expected = {name: tensor.shape for name, tensor in model.state_dict().items()}
@@ -146,7 +147,7 @@ def load_model(
     unread = {module_name: {name for name, _ in module.named_parameters(recurse=False)}
               for module_name, module in model.named_modules()}
     loaded: set[str] = set()
-    for name, tensor, origin in _read_tensors(checkpoint.weight_files, dtype):
+    for name, tensor, origin in tensors:
         if name in tied.values():
             continue
         if name not in expected:
