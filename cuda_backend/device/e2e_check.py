@@ -402,6 +402,25 @@ def main(out: Path, deadline_s: float, selection: str = "core") -> int:
     return 1 if failed else 0
 
 
+def compare_cpp(checkpoint: Path, runner_stderr: Path) -> int:
+    """The C++ runner's greedy ids (``--print-token-ids``) against transformers' generate, fp32 on the GPU."""
+    def ids(label: str) -> list:
+        for line in runner_stderr.read_text(errors="replace").splitlines():
+            if line.startswith(label):
+                return [int(token) for token in line[len(label):].split()]
+        raise SystemExit(f"FAIL cpp-e2e: no '{label}' line in {runner_stderr}")
+
+    prompt, generated = ids("prompt token ids:"), ids("generated token ids:")
+    expected, _ = _reference(checkpoint, prompt, "fp32")
+    same, first = _agreement(generated, expected)
+    # The runner stops at the program's EOS ids; transformers here is told to run on.
+    verdict = "PASS" if generated and first is None else "FAIL"
+    print(f"{verdict} cpp-e2e: {same}/{len(generated)} greedy tokens of the C++ runner (no torch in its process) "
+          f"equal transformers generate (fp32, GPU){'' if first is None else f'; first difference at step {first}'}"
+          f"\n  runner:       {generated}\n  transformers: {expected[:len(generated)]}", flush=True)
+    return 0 if verdict == "PASS" else 1
+
+
 def baseline(out: Path) -> int:
     """The dense fp32 export with CudaBackend's default compile settings, then with ours."""
     global _log_path
@@ -430,6 +449,8 @@ if __name__ == "__main__":
     parser.add_argument("--baseline", action="store_true",
                         help="only export the dense model twice, CudaBackend's default compile settings and ours, "
                              "one after the other, with where the compile time went")
+    parser.add_argument("--compare-cpp", nargs=2, type=Path, metavar=("CHECKPOINT", "RUNNER_STDERR"),
+                        help="compare the C++ runner's --print-token-ids output with transformers' generate")
     parser.add_argument("--export", nargs=3, metavar=("CHECKPOINT", "PTE", "EXTRA"), help=argparse.SUPPRESS)
     parser.add_argument("--run", nargs=5, metavar=("PTE", "PTD", "PROMPT", "TOKENS", "CHUNK"), help=argparse.SUPPRESS)
     arguments = parser.parse_args()
@@ -439,6 +460,8 @@ if __name__ == "__main__":
     if arguments.run:
         pte, data, prompt, tokens, chunk = arguments.run
         sys.exit(run_child(pte, data, json.loads(prompt), int(tokens), int(chunk)))
+    if arguments.compare_cpp:
+        sys.exit(compare_cpp(*arguments.compare_cpp))
     if arguments.baseline:
         sys.exit(baseline(arguments.out))
     sys.exit(main(arguments.out, arguments.deadline_s, arguments.set))

@@ -23,8 +23,8 @@
 #   e2e-all: both in one call (the dense fp32 export alone first, the other four at once)
 #   cpp-e2e: the C++ runner (no torch in the process) on the tiny dense model exported with
 #            --dtype fp32 --prefill-chunk ${CPP_PREFILL_CHUNK:-1} (1: decode only, the fastest compile),
-#            built beside the runtime; prints the greedy token ids to compare with transformers
-#            (the checkpoint is make_tiny_checkpoint(key_head_dim=64, value_head_dim=64, seed=0))
+#            built beside the runtime; its greedy token ids must equal transformers' generate (fp32, GPU)
+#            on the same checkpoint (make_tiny_checkpoint(key_head_dim=64, value_head_dim=64, seed=0))
 # WHEELS names the wheel folder (default .whl).
 set -uo pipefail
 OUT=${OUT:-build/cuda_device}
@@ -87,7 +87,10 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
           --backend-lib build/cuda_runtime/libgdn_executorch_cuda.so --tokenizer /tmp/tiny_dense/tokenizer.json \
           --prompt "Once upon a time there was a little model that" --max-new-tokens 32 --temperature 0 \
           --print-token-ids --verbose > "$OUT/cpp_run.out" 2> "$OUT/cpp_run.err" || status=1
-      tail -8 "$OUT/cpp_run.err"; echo "cpp-e2e in $((SECONDS - started)) s" ;;
+      tail -8 "$OUT/cpp_run.err"
+      python3 -m cuda_backend.device.e2e_check --compare-cpp /tmp/tiny_dense "$OUT/cpp_run.err" \
+          2>> "$OUT/cpp_e2e.log" || status=1
+      echo "cpp-e2e in $((SECONDS - started)) s" ;;
     bench)
       python3 -m gdn_bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
           --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;
