@@ -1,4 +1,4 @@
-"""``gdn-bench``: one subcommand per target (``cpu``, ``cuda``, ``metal``, ``e2e``).
+"""gdn-bench: one subcommand per target (cpu, cuda, metal, e2e); each prints its tables against anchors timed in the same run.
 
 Each subcommand lives in its own module of this package exposing
 ``add_arguments(parser)`` and ``run(args) -> int``, so a benchmark's
@@ -20,11 +20,13 @@ SUBCOMMANDS = {
 
 
 def main(argv=None) -> int:
+    from gdn_export.cli import HelpFormatter
+
     parser = argparse.ArgumentParser(prog="gdn-bench", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(SUBCOMMANDS) + "}")
     modules = {}
     for name, (module_name, help_text) in SUBCOMMANDS.items():
-        sub = commands.add_parser(name, help=help_text)
+        sub = commands.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         try:
             modules[name] = importlib.import_module(module_name)
         except ModuleNotFoundError as error:

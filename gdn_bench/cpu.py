@@ -29,11 +29,13 @@ STATE_RING_BYTES = 96 << 20  # above the last-level cache of the machines we ben
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lengths", type=int, nargs="+", default=[1, 16, 128, 512, 2048])
-    parser.add_argument("--num-v-heads", type=int, default=32)
-    parser.add_argument("--num-k-heads", type=int, default=16)
-    parser.add_argument("--head-dim", type=int, default=128)
-    parser.add_argument("--gate", choices=["scalar", "per_channel"], default="scalar")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1, 16, 128, 512, 2048],
+                        help="tokens per call (1 is decode)")
+    parser.add_argument("--num-v-heads", type=int, default=32, help="value heads (Hv)")
+    parser.add_argument("--num-k-heads", type=int, default=16, help="query/key heads (Hk); Hv must be a multiple")
+    parser.add_argument("--head-dim", type=int, default=128, help="Dk = Dv")
+    parser.add_argument("--gate", choices=["scalar", "per_channel"], default="scalar",
+                        help="the decay gate: one per head (Qwen3.5) or one per key channel")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
     parser.add_argument("--min-seconds", type=float, default=0.5, help="time spent per measurement")
 

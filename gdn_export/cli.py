@@ -30,8 +30,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Every option's default in --help, and descriptions kept as written."""
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's default in --help, and descriptions kept as written.
+
+    argparse's own defaults formatter also tags required options and options
+    whose help already explains their default with "(default: None)"; here
+    only a real value is added, once.
+    """
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.required or any(action.default is value for value in (None, False, argparse.SUPPRESS)) or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
 
 
 @contextlib.contextmanager
@@ -87,7 +98,7 @@ def _run(program: str, verbose: bool, body: Callable[[TextIO], int]) -> int:
 
 def export_main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="export_qwen35", formatter_class=_HelpFormatter,
+        prog="export_qwen35", formatter_class=HelpFormatter,
         description="Export a Hugging Face Qwen3.5 folder to an ExecuTorch .pte program "
         "(plus .ptd weight files for the GPU backends).",
     )
@@ -155,7 +166,7 @@ def _check_conversation_flags(args) -> Optional[str]:
 
 def run_main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="gdn-run", formatter_class=_HelpFormatter,
+        prog="gdn-run", formatter_class=HelpFormatter,
         description="Generate text from a .pte written by export_qwen35.",
     )
     parser.add_argument("--model", required=True, help="the .pte program")

@@ -160,3 +160,38 @@ def test_a_prompt_longer_than_the_context_names_the_export_flag(exported, capsys
                       "--prompt", prompt)
     assert f"--prompt is {length} tokens; the program's context holds {MAX_SEQ_LEN}" in error
     assert f"export with --max-seq-len {length + 1} or more" in error
+
+
+def help_entries(text: str) -> dict:
+    """argparse's option list: {'--flag': its help text, joined over lines}."""
+    entries, current = {}, None
+    for line in text.splitlines():
+        match = re.match(r"^  (-{1,2}[\w-]+)(.*?)(?:\s{2,}(\S.*))?$", line)
+        if match:
+            current = match.group(1)
+            entries[current] = match.group(3) or ""
+        elif current and line.startswith(" " * 10) and line.strip():
+            entries[current] = (entries[current] + " " + line.strip()).strip()
+        elif not line.strip():
+            current = None
+    return entries
+
+
+@pytest.mark.parametrize("command", [["export_qwen35"], ["gdn-run"], ["gdn-bench"], ["gdn-bench", "cpu"],
+                                     ["gdn-bench", "cuda"], ["gdn-bench", "metal"], ["gdn-bench", "e2e"]])
+def test_help_explains_every_option_once_without_markup(command, capsys, monkeypatch):
+    from gdn_bench.cli import main as bench_main
+    from gdn_export.cli import export_main
+
+    main = {"export_qwen35": export_main, "gdn-run": run_main, "gdn-bench": bench_main}[command[0]]
+    monkeypatch.setenv("COLUMNS", "100")
+    with pytest.raises(SystemExit) as exit_info:
+        main([*command[1:], "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    entries = help_entries(text)
+    assert entries, text
+    for flag, explanation in entries.items():
+        assert explanation, f"{' '.join(command)} --help: {flag} has no explanation\n{text}"
+        assert explanation.count("(default") <= 1, f"{' '.join(command)} --help: {flag}: {explanation}"
+    assert "``" not in text and "(default: None)" not in text and ":class:" not in text, text
