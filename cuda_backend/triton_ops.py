@@ -25,6 +25,7 @@ from typing import Optional
 
 import torch
 import triton
+from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
 from gdn_export.ops.contract import CHUNKED_MIN_LENGTH, NAMESPACE, check_inputs, check_out_tensors
@@ -219,7 +220,25 @@ def run_chunked(query, key, value, g, beta, state_in, state_out, output, *, scal
         )
 
 
+def _dense_when_traced(*tensors: torch.Tensor) -> tuple:
+    """The kernels' inputs as they lie in eager; dense while a launch is traced into a program.
+
+    A kernel reads its inputs through the strides it is given, and a traced launch
+    bakes in the strides of the tensors it saw. ExecuTorch's edge dialect, which
+    CudaBackend compiles, turns every view into a copy (``slice_copy``,
+    ``view_copy``), so in the program each kernel receives a dense tensor: with the
+    strides of a view (q/k/v are views of mixed_qkv, and with T > 1 their element
+    stride is T) a prefill read the wrong elements, while decode (T = 1) happened to
+    agree. Dense tensors at trace time make the baked strides the received ones; in
+    eager nothing is copied.
+    """
+    if not any(is_fake(tensor) for tensor in tensors):
+        return tensors
+    return tuple(tensor.contiguous() for tensor in tensors)
+
+
 def _run(query, key, value, g, beta, state_in, state_out, output, scale, use_qk_l2norm):
+    query, key, value, g, beta = _dense_when_traced(query, key, value, g, beta)
     scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[3])
     form = run_recurrent if query.shape[1] < CHUNKED_MIN_LENGTH else run_chunked
     form(query, key, value, g, beta, state_in, state_out, output, scale=scale, use_qk_l2norm=use_qk_l2norm)
@@ -236,6 +255,7 @@ def _gated_delta_rule_op(
 
 def _fused_run(form, mixed_qkv, a, b, A_log, dt_bias, state, output, scale):
     _, query, key, value = split_heads(mixed_qkv, state)
+    query, key, value, a, b = _dense_when_traced(query, key, value, a, b)
     scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[3])
     # Both forms compute the gating from the raw a/b themselves (no extra launches).
     form(query, key, value, a, b, state, state, output, scale=scale, use_qk_l2norm=True,

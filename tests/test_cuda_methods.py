@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 
 pytest.importorskip("triton")  # the CUDA rewrite's ops are triton_ops
@@ -94,6 +95,49 @@ def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(methods,
     assert decode_kernels == {"recurrent_gated_delta_rule_kernel"}, decode_kernels
     assert {"chunk_prepare_kernel", "chunk_state_kernel"} <= prefill_kernels, prefill_kernels
     assert "recurrent_gated_delta_rule_kernel" not in prefill_kernels
+
+
+# Each kernel's tensor arguments and the stride arguments it reads them through (cuda_backend/kernels).
+KERNEL_STRIDES = {"q_ptr": "sq", "k_ptr": "sk", "v_ptr": "sv", "g_ptr": "sg", "beta_ptr": "sbeta",
+                  "state_in_ptr": "ss", "state_out_ptr": "ss", "out_ptr": "so"}
+
+
+def _value(argument):
+    value = argument.meta["val"] if isinstance(argument, torch.fx.Node) else argument
+    return value.node.expr if isinstance(value, torch.SymInt) else sympy.Integer(value)
+
+
+@directly
+def test_kernels_in_the_lowered_programs_read_their_inputs_through_the_inputs_strides(decomposed):
+    """In the edge programs CudaBackend compiles, every view is a copy (slice_copy, view_copy): a
+    kernel launch must be given the strides of the dense tensor it receives there, not those of the
+    view it was traced with. (It once was, and the CUDA prefill read q/k/v at the wrong elements.)"""
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    # As gdn_export.lowering.lower_programs makes them for lower_to_cuda (skip_dim_order=True).
+    edge = to_edge_transform_and_lower(
+        dict(decomposed), compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True))
+    checked = 0
+    for name in ("decode", "prefill"):
+        for node in edge.exported_program(name).graph.nodes:
+            if "triton_kernel_wrapper" not in str(node.target):
+                continue
+            arguments = node.kwargs["kwargs"]
+            for tensor_name, prefix in KERNEL_STRIDES.items():
+                tensor = arguments.get(tensor_name)
+                strides = [value for key, value in arguments.items() if key.startswith(prefix + "_")]
+                if not isinstance(tensor, torch.fx.Node) or not strides:
+                    continue
+                fake = tensor.meta["val"]
+                for dim, (size, stride) in enumerate(zip(fake.shape, fake.stride())):
+                    if size == 1:  # never stepped along
+                        continue
+                    baked = _value(strides[dim])
+                    assert sympy.simplify(baked - _value(stride)) == 0, (
+                        f"{name}: {tensor_name} dim {dim} (size {size}) is read with stride {baked}, "
+                        f"the tensor's is {stride} (from {tensor.target})")
+                    checked += 1
+    assert checked >= 20, checked
 
 
 @directly

@@ -28,6 +28,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -195,6 +196,16 @@ def _reference(checkpoint: Path, prompt: list, dtype: str) -> tuple[list, list]:
                              eos_token_id=None, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
     tokens = out.sequences[0, len(prompt):].tolist()
     return tokens, out.logits[0][0].float().cpu().tolist()
+
+
+def _prompt_argmax(checkpoint: Path, prompt: list) -> list:
+    """transformers' (fp32, GPU) greedy next token after each prefix of the prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).cuda().eval()
+    with torch.no_grad():
+        return model(torch.tensor([prompt], device="cuda")).logits[0].argmax(-1).tolist()
 
 
 def _agreement(tokens: list, expected: list) -> tuple[int, int | None]:
@@ -413,6 +424,18 @@ def compare_cpp(checkpoint: Path, runner_stderr: Path) -> int:
     prompt, generated = ids("prompt token ids:"), ids("generated token ids:")
     expected, _ = _reference(checkpoint, prompt, "fp32")
     same, first = _agreement(generated, expected)
+    # --verbose traces each call ("prefill: 4 tokens at 0 -> logits [...], argmax 7"): the prompt's calls
+    # are checked one by one against transformers' argmax at their last position, so a wrong token
+    # says which call went wrong first.
+    calls = [re.match(r"(\w+): (\d+) tokens at (\d+) -> .*argmax (\d+)", line)
+             for line in runner_stderr.read_text(errors="replace").splitlines()]
+    calls = [(m[1], int(m[2]), int(m[3]), int(m[4])) for m in calls if m and int(m[3]) < len(prompt)]
+    if calls:
+        argmax = _prompt_argmax(checkpoint, prompt)
+        for method, length, position, got in calls:
+            want = argmax[position + length - 1]
+            print(f"  {method} of {length} tokens at {position}: argmax {got}, transformers {want}"
+                  f" {'ok' if got == want else 'WRONG'}", flush=True)
     # The runner stops at the program's EOS ids; transformers here is told to run on.
     verdict = "PASS" if generated and first is None else "FAIL"
     print(f"{verdict} cpp-e2e: {same}/{len(generated)} greedy tokens of the C++ runner (no torch in its process) "

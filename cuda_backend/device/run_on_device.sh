@@ -83,14 +83,45 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
           --prefill-chunk "${CPP_PREFILL_CHUNK:-1}" >> "$OUT/cpp_e2e.log" 2>&1 || status=1
       echo "runtime + export in $((SECONDS - started)) s" | tee -a "$OUT/cpp_e2e.log"
       wait $builder || { status=1; tail -20 "$OUT/cpp_runner_build.log"; }
-      build/cpp_runner/gdn_cpp_runner --model /tmp/tiny_cuda.pte --data /tmp/aoti_cuda_blob.ptd \
-          --backend-lib build/cuda_runtime/libgdn_executorch_cuda.so --tokenizer /tmp/tiny_dense/tokenizer.json \
-          --prompt "Once upon a time there was a little model that" --max-new-tokens 32 --temperature 0 \
-          --print-token-ids --verbose > "$OUT/cpp_run.out" 2> "$OUT/cpp_run.err" || status=1
-      tail -8 "$OUT/cpp_run.err"
-      python3 -m cuda_backend.device.e2e_check --compare-cpp /tmp/tiny_dense "$OUT/cpp_run.err" \
-          2>> "$OUT/cpp_e2e.log" || status=1
+      # The prompt in the program's largest chunks, in chunks of 3 (a length the prefill was not traced at),
+      # and one token per call (decode only).
+      for feed in whole chunk3 decode-only; do
+        extra=(); [ $feed = chunk3 ] && extra=(--prefill-chunk 3); [ $feed = decode-only ] && extra=(--prefill-chunk 1)
+        build/cpp_runner/gdn_cpp_runner --model /tmp/tiny_cuda.pte --data /tmp/aoti_cuda_blob.ptd \
+            --backend-lib build/cuda_runtime/libgdn_executorch_cuda.so --tokenizer /tmp/tiny_dense/tokenizer.json \
+            --prompt "Once upon a time there was a little model that" --max-new-tokens 32 --temperature 0 \
+            --print-token-ids --verbose "${extra[@]}" > "$OUT/cpp_run_$feed.out" 2> "$OUT/cpp_run_$feed.err" || status=1
+        echo "prompt fed $feed:"; grep "tok/s" "$OUT/cpp_run_$feed.err"
+        python3 -m cuda_backend.device.e2e_check --compare-cpp /tmp/tiny_dense "$OUT/cpp_run_$feed.err" \
+            2>> "$OUT/cpp_e2e.log" || status=1
+      done
       echo "cpp-e2e in $((SECONDS - started)) s" ;;
+    prefill-probe)
+      # Which part of the prefill method goes wrong (cuda_backend/device/prefill_probe.py): the two-method
+      # program with its prefill static at T = 4, with the chunked kernels and with plain tensor ops.
+      started=$SECONDS
+      python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
+          > "$OUT/probe_build.log" 2>&1 || { status=1; tail -5 "$OUT/probe_build.log"; continue; }
+      python3 -m examples.cpp_runner.build > "$OUT/cpp_runner_build.log" 2>&1 &
+      builder=$!
+      python3 -c "import sys; from gdn_export.tiny import make_tiny_checkpoint as make
+make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense > /dev/null 2>&1
+      mkdir -p /tmp/probe
+      timeout 460 python3 -m cuda_backend.device.prefill_probe /tmp/tiny_dense /tmp/probe --chunk 4 || status=1
+      for log in /tmp/probe/*.log; do tail -2 "$log"; cp "$log" "$OUT/"; done
+      echo "runtime + exports in $((SECONDS - started)) s"
+      wait $builder || { status=1; tail -20 "$OUT/cpp_runner_build.log"; }
+      for variant in static-chunked static-reference; do
+        [ -f /tmp/probe/$variant/model.pte ] || continue
+        build/cpp_runner/gdn_cpp_runner --model /tmp/probe/$variant/model.pte --data /tmp/probe/$variant/aoti_cuda_blob.ptd \
+            --backend-lib build/cuda_runtime/libgdn_executorch_cuda.so --tokenizer /tmp/tiny_dense/tokenizer.json \
+            --prompt "Once upon a time there was a little model that" --max-new-tokens 8 --temperature 0 \
+            --prefill-chunk 4 --print-token-ids --verbose > /dev/null 2> "$OUT/probe_$variant.err" || status=1
+        echo "prefill $variant:"
+        python3 -m cuda_backend.device.e2e_check --compare-cpp /tmp/tiny_dense "$OUT/probe_$variant.err" \
+            2>> "$OUT/probe_compare.log" || status=1
+      done
+      echo "prefill-probe in $((SECONDS - started)) s" ;;
     bench)
       python3 -m gdn_bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
           --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;

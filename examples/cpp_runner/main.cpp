@@ -3,6 +3,7 @@
 //   gdn_cpp_runner --model model.pte --tokenizer tokenizer.json --prompt TEXT
 //                  [--max-new-tokens N] [--temperature T] [--seed S]
 //                  [--data weights.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]
+//                  [--prefill-chunk N] [--random-prompt-tokens N] [--ignore-eos]
 //
 // The program's "forward(tokens int64 [1, T], input_pos int64 [1])" returns
 // logits [1, T or 1, vocab] and keeps its caches and recurrent states in
@@ -71,7 +72,11 @@ class ProgramError : public std::runtime_error {
 constexpr const char* kUsage =
     "usage: gdn_cpp_runner --model MODEL.pte --tokenizer tokenizer.json --prompt TEXT\n"
     "                      [--max-new-tokens N (128)] [--temperature T (0: greedy)] [--seed S]\n"
-    "                      [--data WEIGHTS.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]\n";
+    "                      [--data WEIGHTS.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]\n"
+    "                      [--prefill-chunk N (the program's largest)] [--random-prompt-tokens N] [--ignore-eos]\n"
+    "  --prefill-chunk N: feed the prompt N tokens per call at most (1: the decode method only)\n"
+    "  --random-prompt-tokens N: a prompt of N token ids drawn from --seed instead of --prompt (benchmarks)\n"
+    "  --ignore-eos: generate --max-new-tokens whatever the program's EOS ids (benchmarks)\n";
 
 struct Options {
   std::string model_path;
@@ -84,6 +89,9 @@ struct Options {
   std::optional<uint64_t> seed;
   bool print_token_ids = false;
   bool verbose = false;
+  std::optional<int64_t> prefill_chunk;
+  std::optional<int64_t> random_prompt_tokens;
+  bool ignore_eos = false;
 };
 
 bool is_file(const std::string& path) {
@@ -118,8 +126,9 @@ Options parse_options(int argc, char** argv) {
       std::cout << kUsage;
       std::exit(0);
     }
-    if (name == "--print-token-ids" || name == "--verbose") {
-      (name == "--verbose" ? options.verbose : options.print_token_ids) = true;
+    if (name == "--print-token-ids" || name == "--verbose" || name == "--ignore-eos") {
+      (name == "--verbose" ? options.verbose : name == "--ignore-eos" ? options.ignore_eos : options.print_token_ids) =
+          true;
       continue;
     }
     std::string value;
@@ -148,12 +157,23 @@ Options parse_options(int argc, char** argv) {
       options.temperature = parse_number<double>(name, value);
     } else if (name == "--seed") {
       options.seed = parse_number<uint64_t>(name, value);
+    } else if (name == "--prefill-chunk") {
+      options.prefill_chunk = parse_number<int64_t>(name, value);
+    } else if (name == "--random-prompt-tokens") {
+      options.random_prompt_tokens = parse_number<int64_t>(name, value);
+      have_prompt = true;
     } else {
       throw UsageError(name + ": unknown option");
     }
   }
   if (options.model_path.empty() || options.tokenizer_path.empty() || !have_prompt) {
-    throw UsageError("--model, --tokenizer and --prompt are required");
+    throw UsageError("--model, --tokenizer and --prompt (or --random-prompt-tokens) are required");
+  }
+  if (options.random_prompt_tokens && *options.random_prompt_tokens < 1) {
+    throw UsageError("--random-prompt-tokens must be at least 1, got " + std::to_string(*options.random_prompt_tokens));
+  }
+  if (options.prefill_chunk && *options.prefill_chunk < 1) {
+    throw UsageError("--prefill-chunk must be at least 1, got " + std::to_string(*options.prefill_chunk));
   }
   if (!is_file(options.model_path)) {
     throw UsageError("--model " + options.model_path + ": no such file");
@@ -167,7 +187,7 @@ Options parse_options(int argc, char** argv) {
   if (!is_file(options.tokenizer_path)) {
     throw UsageError("--tokenizer " + options.tokenizer_path + ": no such file");
   }
-  if (options.prompt.empty()) {
+  if (options.prompt.empty() && !options.random_prompt_tokens) {
     throw UsageError("--prompt must not be empty");
   }
   if (options.max_new_tokens < 1) {
@@ -261,6 +281,11 @@ class LlmProgram {
   }
 
   int64_t max_context() const { return max_context_; }
+  int64_t max_chunk() const { return max_chunk_; }
+  // At most `limit` tokens per call (1: every token through decode); never more than the program takes.
+  void limit_chunk(int64_t limit) { max_chunk_ = std::min(max_chunk_, limit); }
+  // With --verbose, each call's method, length, position and logits shape go to stderr.
+  void trace_calls(bool on) { trace_calls_ = on; }
   int64_t position() const { return position_; }
   const std::set<int64_t>& eos_ids() const { return eos_ids_; }
 
@@ -283,7 +308,15 @@ class LlmProgram {
       if (outputs->empty() || !(*outputs)[0].isTensor()) {
         fail(method + " did not return a logits tensor");
       }
-      logits = last_position_logits((*outputs)[0].toTensor());
+      const auto& output = (*outputs)[0].toTensor();
+      logits = last_position_logits(output);
+      if (trace_calls_) {
+        std::string shape;
+        for (int d = 0; d < output.dim(); ++d) shape += (d ? ", " : "") + std::to_string(output.size(d));
+        std::fprintf(stderr, "%s: %zu tokens at %lld -> logits [%s], argmax %ld\n", method.c_str(), chunk.size(),
+                     static_cast<long long>(position_), shape.c_str(),
+                     static_cast<long>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+      }
       position_ += static_cast<int64_t>(chunk.size());
     }
     return logits;
@@ -353,6 +386,7 @@ class LlmProgram {
   int64_t max_chunk_ = 1;
   int64_t max_context_ = 1;
   int64_t position_ = 0;
+  bool trace_calls_ = false;
   std::set<int64_t> eos_ids_;
 };
 
@@ -397,7 +431,18 @@ int run(const Options& options) {
   std::fprintf(stderr, "loaded %s and %s in %.0f ms\n", options.model_path.c_str(), options.tokenizer_path.c_str(),
                1e3 * seconds_since(started));
 
-  const std::vector<int64_t> prompt_ids = tokenizer.encode(options.prompt);
+  std::mt19937_64 generator(options.seed ? *options.seed : std::random_device{}());
+  if (options.prefill_chunk) {
+    program.limit_chunk(*options.prefill_chunk);
+  }
+  program.trace_calls(options.verbose);
+  std::vector<int64_t> prompt_ids;
+  if (options.random_prompt_tokens) {
+    std::uniform_int_distribution<int64_t> token(0, static_cast<int64_t>(tokenizer.vocab_size()) - 1);
+    for (int64_t i = 0; i < *options.random_prompt_tokens; ++i) prompt_ids.push_back(token(generator));
+  } else {
+    prompt_ids = tokenizer.encode(options.prompt);
+  }
   if (prompt_ids.empty()) {
     throw UsageError("--prompt encodes to no tokens");
   }
@@ -405,7 +450,6 @@ int run(const Options& options) {
     throw UsageError("--prompt is " + std::to_string(prompt_ids.size()) + " tokens; the program's context holds " +
                      std::to_string(program.max_context()));
   }
-  std::mt19937_64 generator(options.seed ? *options.seed : std::random_device{}());
 
   std::cout << options.prompt << std::flush;
   started = std::chrono::steady_clock::now();
@@ -421,7 +465,7 @@ int run(const Options& options) {
   while (true) {
     const int64_t token = sample(logits, options.temperature, generator);
     generated.push_back(token);
-    if (program.eos_ids().count(token)) {
+    if (!options.ignore_eos && program.eos_ids().count(token)) {
       break;
     }
     std::cout << text.push(tokenizer.token_bytes(token)) << std::flush;
