@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import warnings
 
@@ -340,3 +341,42 @@ def test_runner_rejects_bad_input(runner_binary, llm_program, tmp_path):
     not_a_library = run_binary([runner_binary, "--model", path, "--tokenizer", unigram, "--prompt", "hi",
                                 "--backend-lib", unigram])
     assert not_a_library.returncode == 2 and f"--backend-lib {unigram}: cannot load it" in not_a_library.stderr
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_runner_prefill_chunk_changes_the_calls_not_the_tokens(runner_binary, llm_program, qwen_tokenizer_path,
+                                                               seed, chunk):
+    path, prompt_ids, _, expected = llm_program
+    result = run_runner(runner_binary, path, qwen_tokenizer_path, "--temperature", "0", "--prefill-chunk", chunk,
+                        "--verbose")
+    assert result.returncode == 0, f"seed {seed}: {result.stderr}"
+    assert parse_ids(result.stderr, "generated token ids:") == expected, f"seed {seed}"
+    # The trace's prompt calls: chunks of `chunk` tokens at consecutive positions, the last one shorter.
+    calls = [re.match(r"forward: (\d+) tokens at (\d+) ->", line) for line in result.stderr.splitlines()]
+    calls = [(int(m[1]), int(m[2])) for m in calls if m]
+    starts = range(0, len(prompt_ids), chunk)
+    assert calls[:len(starts)] == [(min(chunk, len(prompt_ids) - start), start) for start in starts], calls
+
+
+def test_runner_random_prompt_ignoring_eos_generates_the_whole_budget(runner_binary, llm_program,
+                                                                       qwen_tokenizer_path, seed):
+    path = llm_program[0]
+    command = [runner_binary, "--model", path, "--tokenizer", qwen_tokenizer_path, "--random-prompt-tokens", 6,
+               "--seed", seed, "--max-new-tokens", MAX_NEW_TOKENS, "--ignore-eos", "--temperature", "0",
+               "--print-token-ids"]
+    first, second = run_binary(command), run_binary(command)
+    assert first.returncode == 0, f"seed {seed}: {first.stderr}"
+    prompt_ids = parse_ids(first.stderr, "prompt token ids:")
+    assert prompt_ids == parse_ids(second.stderr, "prompt token ids:"), "the prompt must follow --seed"
+    assert len(prompt_ids) == 6 and len(set(prompt_ids)) > 1, prompt_ids
+    # No EOS stops the reference loop either: it runs to the same budget.
+    expected = executorch_greedy(path, prompt_ids, eos_ids=set())
+    assert parse_ids(first.stderr, "generated token ids:") == expected, f"seed {seed}"
+    assert len(expected) == MAX_NEW_TOKENS
+
+
+@pytest.mark.parametrize("flag", ["--prefill-chunk", "--random-prompt-tokens"])
+def test_runner_refuses_counts_below_one(runner_binary, llm_program, qwen_tokenizer_path, flag):
+    result = run_binary([runner_binary, "--model", llm_program[0], "--tokenizer", qwen_tokenizer_path,
+                         "--prompt", "hi", flag, "0"])
+    assert result.returncode == 2 and f"{flag} must be at least 1, got 0" in result.stderr, result.stderr
