@@ -21,10 +21,12 @@
 #          transformers' generate, and prompts in chunks with one prefill
 #   e2e-models: the same for the MoE and Hv/Hk = 3 checkpoints (fp32) and the dense one in bf16
 #   e2e-all: both in one call (the dense fp32 export alone first, the other four at once)
-#   cpp-e2e: the C++ runner (no torch in the process) on the tiny dense model exported with
-#            --dtype fp32 --prefill-chunk ${CPP_PREFILL_CHUNK:-1} (1: decode only, the fastest compile),
-#            built beside the runtime; its greedy token ids must equal transformers' generate (fp32, GPU)
-#            on the same checkpoint (make_tiny_checkpoint(key_head_dim=64, value_head_dim=64, seed=0))
+#   cpp-e2e: the C++ runner (no torch in the process) on the tiny models of e2e_check.CHECKPOINTS named in
+#            CPP_MODELS (default dense; also moe, ratio3), exported at once with --dtype fp32
+#            --prefill-chunk ${CPP_PREFILL_CHUNK:-1} (1: decode only, the fastest compile), built beside the
+#            runtime; with a prefill method the prompt is fed in its chunks, in chunks of 3 and one token
+#            at a time (CPP_FEEDS: a subset of whole chunk3 decode-only); each run's greedy token ids must
+#            equal transformers' generate (fp32, GPU)
 # WHEELS names the wheel folder (default .whl).
 set -uo pipefail
 OUT=${OUT:-build/cuda_device}
@@ -76,24 +78,37 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64)" "$OUT/tiny" > "$OUT/lower
           > "$OUT/cpp_e2e_build.log" 2>&1 || { status=1; tail -5 "$OUT/cpp_e2e_build.log"; continue; }
       python3 -m examples.cpp_runner.build > "$OUT/cpp_runner_build.log" 2>&1 &
       builder=$!
-      python3 -c "import sys; from gdn_export.tiny import make_tiny_checkpoint as make
-make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense > "$OUT/cpp_e2e.log" 2>&1
-      python3 -X faulthandler -c "import sys; from gdn_export.cli import export_main; sys.exit(export_main())" \
-          --checkpoint /tmp/tiny_dense --output /tmp/tiny_cuda.pte --backend cuda --dtype fp32 --max-seq-len 128 \
-          --prefill-chunk "${CPP_PREFILL_CHUNK:-1}" >> "$OUT/cpp_e2e.log" 2>&1 || status=1
-      echo "runtime + export in $((SECONDS - started)) s" | tee -a "$OUT/cpp_e2e.log"
+      # The checkpoints of e2e_check.CHECKPOINTS named in CPP_MODELS, exported at once (fp32).
+      exporters=()
+      for model in ${CPP_MODELS:-dense}; do
+        mkdir -p /tmp/cuda_$model
+        python3 -c "import sys; from gdn_export.tiny import make_tiny_checkpoint as make
+from cuda_backend.device.e2e_check import CHECKPOINTS
+make(sys.argv[1], **CHECKPOINTS[sys.argv[2]])" /tmp/tiny_$model $model > "$OUT/cpp_e2e_$model.log" 2>&1
+        python3 -X faulthandler -c "import sys; from gdn_export.cli import export_main; sys.exit(export_main())" \
+            --checkpoint /tmp/tiny_$model --output /tmp/cuda_$model/model.pte --backend cuda --dtype fp32 \
+            --max-seq-len 128 --prefill-chunk "${CPP_PREFILL_CHUNK:-1}" >> "$OUT/cpp_e2e_$model.log" 2>&1 &
+        exporters+=($!)
+      done
+      for pid in "${exporters[@]}"; do wait $pid || status=1; done
+      echo "runtime + exports in $((SECONDS - started)) s"
       wait $builder || { status=1; tail -20 "$OUT/cpp_runner_build.log"; }
-      # The prompt in the program's largest chunks, in chunks of 3 (a length the prefill was not traced at),
-      # and one token per call (decode only).
-      for feed in whole chunk3 decode-only; do
-        extra=(); [ $feed = chunk3 ] && extra=(--prefill-chunk 3); [ $feed = decode-only ] && extra=(--prefill-chunk 1)
-        build/cpp_runner/gdn_cpp_runner --model /tmp/tiny_cuda.pte --data /tmp/aoti_cuda_blob.ptd \
-            --backend-lib build/cuda_runtime/libgdn_executorch_cuda.so --tokenizer /tmp/tiny_dense/tokenizer.json \
-            --prompt "Once upon a time there was a little model that" --max-new-tokens 32 --temperature 0 \
-            --print-token-ids --verbose "${extra[@]}" > "$OUT/cpp_run_$feed.out" 2> "$OUT/cpp_run_$feed.err" || status=1
-        echo "prompt fed $feed:"; grep "tok/s" "$OUT/cpp_run_$feed.err"
-        python3 -m cuda_backend.device.e2e_check --compare-cpp /tmp/tiny_dense "$OUT/cpp_run_$feed.err" \
-            2>> "$OUT/cpp_e2e.log" || status=1
+      for model in ${CPP_MODELS:-dense}; do
+        [ -f /tmp/cuda_$model/model.pte ] || { echo "FAIL cpp-e2e $model: no program"; tail -5 "$OUT/cpp_e2e_$model.log"; continue; }
+        # The prompt in the program's largest chunks, in chunks of 3 (a length the prefill was not traced at),
+        # and one token per call (decode only).
+        for feed in ${CPP_FEEDS:-whole chunk3 decode-only}; do
+          extra=(); [ $feed = chunk3 ] && extra=(--prefill-chunk 3); [ $feed = decode-only ] && extra=(--prefill-chunk 1)
+          build/cpp_runner/gdn_cpp_runner --model /tmp/cuda_$model/model.pte --data /tmp/cuda_$model/aoti_cuda_blob.ptd \
+              --backend-lib build/cuda_runtime/libgdn_executorch_cuda.so --tokenizer /tmp/tiny_$model/tokenizer.json \
+              --prompt "Once upon a time there was a little model that" --max-new-tokens 32 --temperature 0 \
+              --print-token-ids --verbose "${extra[@]}" > "$OUT/cpp_run_${model}_$feed.out" \
+              2> "$OUT/cpp_run_${model}_$feed.err" || status=1
+          echo "$model, prompt fed $feed:"; grep "tok/s" "$OUT/cpp_run_${model}_$feed.err"
+          python3 -m cuda_backend.device.e2e_check --compare-cpp /tmp/tiny_$model "$OUT/cpp_run_${model}_$feed.err" \
+              2>> "$OUT/cpp_e2e_$model.log" || status=1
+          [ "${CPP_PREFILL_CHUNK:-1}" = 1 ] && break  # a decode-only program: every feed is the same
+        done
       done
       echo "cpp-e2e in $((SECONDS - started)) s" ;;
     prefill-probe)
