@@ -1,15 +1,10 @@
 // ExecuTorch delegate "GdnEmbeddingBackend": an 8-bit token-embedding lookup
-// that reads its table from the program's named data instead of its constants.
-//
-// Why a delegate: a program's kernels only see constants stored in the .pte's
-// constant segment (or in a .ptd), while delegates read blobs from the named
-// data, which ExecuTorch stores once per distinct content. With tied
-// embeddings XNNPACK's output head keeps the same int8 table (one fp32 scale
-// per row, symmetric) there, so the table is stored once instead of twice.
-// The Python side (runtime_ops/embedding_delegate.py) writes the payload:
-//   "gdn-embedding-v1 <rows> <width> <table key> <scale key>"
-// Every value is checked; a bad token id fails the call instead of reading out
-// of bounds.
+// whose table (int8 rows, one float32 scale per row) is read from the
+// program's named data, where a tied output head's XNNPACK weight is the same
+// blob (why: runtime_ops/embedding_delegate.py, which writes the payload
+//   "gdn-embedding-v1 <rows> <width> <table key> <scale key>").
+// Every value is checked; a token outside the table fails the call instead of
+// reading out of bounds.
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 #include <executorch/runtime/core/named_data_map.h>
