@@ -46,10 +46,12 @@ def lower_programs(
 
     ``partitioners(method)`` gives each method's partitioner list (None: no
     delegate, ExecuTorch's portable kernels and ours run every op);
-    ``edge_partitioners(method)`` gives partitioners applied afterwards, to the
-    edge program as it is (to_edge_transform_and_lower runs the default
-    decompositions for a partitioner that keeps no op whole, which would split
-    the ops the others of its list keep whole, such as XNNPACK's linears);
+    ``edge_partitioners(method)`` gives partitioners applied afterwards, one
+    ``to_backend`` call each, to the edge program that the first ones left
+    (they are not added to ``partitioners`` because, given a partitioner that
+    keeps no op whole, ``to_edge_transform_and_lower`` runs the default
+    decompositions, which split ops that the list's others keep whole, such as
+    XNNPACK's linears);
     ``metadata`` becomes constant methods; ``share_mutable_buffers`` makes
     every method read and write one copy of each buffer of the model, found by
     its name (see ``gdn_export.state_methods``); ``backend_config`` overrides

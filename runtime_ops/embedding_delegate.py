@@ -14,8 +14,15 @@ hands each 8-bit row-wise table lookup (torchao's ``dequantize_affine`` into
 the head's bytes (tied embeddings, ``8da8w``) the program holds them once. Its
 runtime, ``executorch_embedding_backend.cpp``, is in ``libgdn_runtime_ops.so``.
 
-Tables quantized otherwise (4-bit groups, zero points, a non-float32 output)
-are left to ExecuTorch's kernels.
+Tables quantized otherwise (4-bit groups, a block other than one row, a
+non-float32 scale or output) are left to ExecuTorch's kernels. Zero points
+are read only in ``preprocess``: a partitioner sees fake tensors (ExecuTorch's
+``to_backend``), so it cannot tell a symmetric table from an asymmetric one,
+and ``preprocess`` refuses non-zero ones (``gdn_export.quantize`` makes none;
+the runtime has no zero points) instead of lowering a wrong lookup.
+
+The runtime checks every token against the table's rows, so a bad token id
+fails the call instead of reading past the table.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ def int8_table_lookup(program, node: torch.fx.Node) -> Optional[tuple]:
     """``(dequantize node, table [rows, width] int8, scales [rows] float32, zero points or None)`` when
     ``node`` is an ``aten.embedding`` of an int8 table with one scale per row; else None.
 
-    Reads dtypes and shapes only: the partitioner sees fake tensors.
+    Reads dtypes and shapes only, since the partitioner sees fake tensors; ``preprocess`` checks the zero points.
     """
     if node.op != "call_function" or "aten.embedding.default" not in str(node.target):
         return None
@@ -61,10 +68,12 @@ def int8_table_lookup(program, node: torch.fx.Node) -> Optional[tuple]:
                           "output_dtype"), dequantize.args))
     arguments.update(dequantize.kwargs)
     table, scales = _constant(program, arguments["input"]), _constant(program, arguments["scale"])
-    zero_point = arguments.get("zero_point")
-    zero_point = None if zero_point is None else _constant(program, zero_point)
+    zero_point_node = arguments.get("zero_point")
+    zero_point = None if zero_point_node is None else _constant(program, zero_point_node)
     if table is None or scales is None or table.dtype != torch.int8 or table.dim() != 2:
         return None
+    if zero_point_node is not None and zero_point is None:
+        return None  # zero points computed in the graph: not a constant preprocess could check
     rows, width = table.shape
     if (
         list(arguments["block_size"]) != [1, width]

@@ -69,7 +69,8 @@ class EmbeddingBackend final : public BackendInterface {
     int64_t rows = 0, width = 0;
     payload >> tag >> rows >> width >> table_key >> scale_key;
     processed->Free();
-    if (payload.fail() || tag != kPayloadTag || rows <= 0 || width <= 0) {
+    // rows * width must not overflow the table's byte count (the blob sizes are checked against it).
+    if (payload.fail() || tag != kPayloadTag || rows <= 0 || width <= 0 || rows > INT64_MAX / width) {
       ET_LOG(Error, "GdnEmbeddingBackend: unreadable payload (expected '%s rows width table_key scale_key')",
              kPayloadTag);
       return Error::InvalidProgram;
@@ -114,6 +115,7 @@ class EmbeddingBackend final : public BackendInterface {
     const auto* table = static_cast<const int8_t*>(embedding.table.data());
     const auto* scales = static_cast<const float*>(embedding.scales.data());
     float* output = out.mutable_data_ptr<float>();
+    // Every token is checked before its row is read: an id outside [0, rows) fails the call.
     for (ssize_t i = 0; i < tokens.numel(); ++i) {
       const int64_t token = tokens.scalar_type() == ScalarType::Long ? tokens.const_data_ptr<int64_t>()[i]
                                                                       : tokens.const_data_ptr<int32_t>()[i];
@@ -135,6 +137,8 @@ class EmbeddingBackend final : public BackendInterface {
   }
 };
 
+// Registered when the library is loaded: gdn-run loads it through XnnpackBackend.load_runtime (its
+// delegate_ids name this backend), the C++ runner links it (examples/cpp_runner/CMakeLists.txt).
 EmbeddingBackend kBackend;
 const Error kRegistered = executorch::runtime::register_backend({"GdnEmbeddingBackend", &kBackend});
 
