@@ -37,6 +37,7 @@ def lower_programs(
     *,
     metadata: Optional[dict] = None,
     partitioners: Optional[Callable[[str], list]] = None,
+    edge_partitioners: Optional[Callable[[str], list]] = None,
     skip_dim_order: bool = False,
     share_mutable_buffers: bool = False,
     **backend_config,
@@ -45,6 +46,12 @@ def lower_programs(
 
     ``partitioners(method)`` gives each method's partitioner list (None: no
     delegate, ExecuTorch's portable kernels and ours run every op);
+    ``edge_partitioners(method)`` gives partitioners applied afterwards, one
+    ``to_backend`` call each, to the edge program that the first ones left
+    (they are not added to ``partitioners`` because, given a partitioner that
+    keeps no op whole, ``to_edge_transform_and_lower`` runs the default
+    decompositions, which split ops that the list's others keep whole, such as
+    XNNPACK's linears);
     ``metadata`` becomes constant methods; ``share_mutable_buffers`` makes
     every method read and write one copy of each buffer of the model, found by
     its name (see ``gdn_export.state_methods``); ``backend_config`` overrides
@@ -62,6 +69,9 @@ def lower_programs(
         compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=skip_dim_order),
         constant_methods=metadata,
     )
+    extra = {name: edge_partitioners(name) for name in programs} if edge_partitioners else {}
+    for index in range(max(map(len, extra.values()), default=0)):
+        edge = edge.to_backend({name: found[index] for name, found in extra.items() if index < len(found)})
     config = dict(
         extract_delegate_segments=True,
         do_quant_fusion_and_const_prop=True,

@@ -11,11 +11,14 @@
 
 Every mode also quantizes the token embedding, weight-only, with the
 weights' bit width (torchao's ``IntxWeightOnlyConfig``): ExecuTorch's
-lowering turns it into its ``quantized_decomposed::embedding_4bit`` /
-``embedding_byte`` kernels, which read the rows of the packed table. (A tied
-output head is a linear like the others, so with tied embeddings the program
-holds two quantized copies of the table: XNNPACK keeps its weights in its own
-packed layout, and no embedding kernel reads that layout.)
+lowering turns a 4-bit table into its ``quantized_decomposed::embedding_4bit``
+kernel, which reads the rows of the packed table, and on XNNPACK an 8-bit one
+goes to our ``GdnEmbeddingBackend`` delegate (``runtime_ops.embedding_delegate``;
+``embedding_byte`` elsewhere). A tied output head is a linear like the
+others, quantized on its own to the same bytes as the table: in ``8da8w`` the
+program stores them once (XNNPACK's copy in the named data serves both), in
+``8da4w`` twice (XNNPACK packs 4-bit weights with bf16 scales, a layout no
+embedding kernel reads).
 
 ``quantize_module`` quantizes one module in place, so the loader can quantize
 each layer as soon as its weights are read (``gdn_export.loading``) and the

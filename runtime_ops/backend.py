@@ -31,6 +31,9 @@ class CpuBackend(Backend):
     def partitioners(self, method: str) -> list:
         return []
 
+    def edge_partitioners(self, method: str) -> list:
+        return []
+
     def export_methods(self, model, prefill_chunk: int) -> dict:
         # forward, and the methods that read and write its state (snapshots, prompt cache, chat).
         return {**super().export_methods(model, prefill_chunk), **export_state_methods(model)}
@@ -41,7 +44,7 @@ class CpuBackend(Backend):
         from gdn_export.lowering import lower_programs
 
         return lower_programs(
-            programs, metadata=metadata, partitioners=self.partitioners,
+            programs, metadata=metadata, partitioners=self.partitioners, edge_partitioners=self.edge_partitioners,
             # Bounds from the dynamic T's constraint size the memory plan; the in-place ops stay in place.
             sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(), run_reinplace_pass=True,
             share_mutable_buffers=True,
@@ -57,12 +60,29 @@ class XnnpackBackend(CpuBackend):
     name = "xnnpack"
     summary = "CPU: XNNPACK runs the linear layers (float, 8da4w, 8da8w, int8), our C++ kernels the rest"
     quantizations = ("none", "8da4w", "8da8w", "int8wo")
+    # runtime_ops/embedding_delegate.py: its runtime is in our kernel library.
+    delegate_ids = ("GdnEmbeddingBackend",)
+
+    def load_runtime(self) -> None:
+        from gdn_export.backends import RuntimeUnavailable
+        from runtime_ops.loader import RuntimeOpsUnavailable, load
+
+        try:
+            load()
+        except RuntimeOpsUnavailable as error:
+            raise RuntimeUnavailable(str(error)) from None
 
     def partitioners(self, method: str) -> list:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
         # The state methods only copy buffers: ExecuTorch's portable kernels do that.
         return [] if method in STATE_METHODS else [XnnpackPartitioner()]
+
+    def edge_partitioners(self, method: str) -> list:
+        from runtime_ops.embedding_delegate import GdnEmbeddingPartitioner
+
+        # An 8-bit embedding table goes to our delegate, which shares the tied output head's bytes with XNNPACK.
+        return [] if method in STATE_METHODS else [GdnEmbeddingPartitioner()]
 
 
 class PortableBackend(CpuBackend):

@@ -198,7 +198,7 @@ MAX_CONTEXT = 40
 MAX_NEW_TOKENS = 12
 
 
-def export_llm_program(model: torch.nn.Module, path, metadata: dict) -> None:
+def export_llm_program(model: torch.nn.Module, path, metadata: dict, edge_partitioners=()) -> None:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes.sym_shape_eval_pass import ConstraintBasedSymShapeEvalPass
@@ -211,6 +211,8 @@ def export_llm_program(model: torch.nn.Module, path, metadata: dict) -> None:
         program, partitioner=[XnnpackPartitioner()], constant_methods=metadata,
         compile_config=EdgeCompileConfig(_check_ir_validity=False),
     )
+    for partitioner in edge_partitioners:
+        edge = edge.to_backend(partitioner)
     with warnings.catch_warnings():
         # "buffers that are mutated ... have a meaningless initial state": the
         # model never reads running_sum at position 0, which starts every sequence.
@@ -254,8 +256,28 @@ def executorch_greedy(path, prompt_ids, eos_ids):
 @pytest.fixture(scope="session")
 def llm_program(tmp_path_factory, qwen_tokenizer, seed):
     """(program path, prompt ids, eos id, greedy ids from ExecuTorch's Python runtime)."""
+    return make_llm_program(tmp_path_factory, qwen_tokenizer, seed, int8_embedding=False)
+
+
+@pytest.fixture(scope="session")
+def int8_embedding_program(tmp_path_factory, qwen_tokenizer, seed):
+    """``llm_program`` with its embedding quantized to 8 bits as ``gdn_export.quantize`` does: looked up by our
+    GdnEmbeddingBackend delegate, whose runtime the runner gets from the linked libgdn_runtime_ops.so."""
+    return make_llm_program(tmp_path_factory, qwen_tokenizer, seed, int8_embedding=True)
+
+
+def make_llm_program(tmp_path_factory, qwen_tokenizer, seed, int8_embedding: bool):
     torch.manual_seed(seed)
     model = RunningSumLM(qwen_tokenizer.get_vocab_size()).eval()
+    edge_partitioners = ()
+    if int8_embedding:
+        from gdn_export.quantize import quantize_module
+        from runtime_ops.embedding_delegate import GdnEmbeddingPartitioner
+        from runtime_ops.loader import load
+
+        load()  # the delegate's runtime, for the reference loop in ExecuTorch's Python runtime
+        quantize_module(model.embedding, "8da8w")
+        edge_partitioners = (GdnEmbeddingPartitioner(),)
     prompt_ids = qwen_tokenizer.encode(PROMPT).ids
     assert len(prompt_ids) > MAX_CHUNK, "the prompt must take several prefill calls"
     # EOS: a token greedy decoding first reaches after a few steps, so the
@@ -281,7 +303,11 @@ def llm_program(tmp_path_factory, qwen_tokenizer, seed):
         "enable_dynamic_shape": True,
     }
     path = tmp_path_factory.mktemp("program") / "model.pte"
-    export_llm_program(model, path, metadata)
+    export_llm_program(model, path, metadata, edge_partitioners)
+    if int8_embedding:
+        from gdn_export.runner import program_delegate_ids
+
+        assert program_delegate_ids(path) == {"XnnpackBackend", "GdnEmbeddingBackend"}
     expected = executorch_greedy(path, prompt_ids, set(metadata["get_eos_ids"]))
     if fresh:
         assert expected[-1] == eos_id, f"seed {seed}: the ExecuTorch loop should stop at EOS {eos_id}: {expected}"
@@ -309,6 +335,14 @@ def test_runner_greedy_matches_executorch_python(runner_binary, llm_program, qwe
     shown = expected[:-1] if expected[-1] == eos_id else expected  # the EOS token is not printed
     assert result.stdout == PROMPT + qwen_tokenizer.decode(shown, skip_special_tokens=False) + "\n", f"seed {seed}"
     assert "prefill:" in result.stderr and "tok/s" in result.stderr
+
+
+def test_runner_runs_the_int8_embedding_delegate(runner_binary, int8_embedding_program, qwen_tokenizer_path, seed):
+    path, prompt_ids, eos_id, expected = int8_embedding_program
+    result = run_runner(runner_binary, path, qwen_tokenizer_path, "--temperature", "0")
+    assert result.returncode == 0, f"seed {seed}: {result.stderr}"
+    generated = parse_ids(result.stderr, "generated token ids:")
+    assert generated == expected, f"seed {seed}: C++ {generated} vs ExecuTorch Python {expected} (EOS {eos_id})"
 
 
 def test_runner_sampling_at_low_temperature_is_greedy(runner_binary, llm_program, qwen_tokenizer_path, seed):

@@ -257,9 +257,40 @@ def test_quantized_program_holds_quantized_embedding_and_head(exported, quantize
 
     model = load_qwen35(exported.checkpoint("tied"), max_seq_len=128)
     stored, floats = quantized_bytes(model, quantize)
-    # The float program holds the tied table once; the quantized one holds it twice (head and embedding).
+    # The float program holds the tied table once; so does the 8-bit one (its embedding reads XNNPACK's copy of
+    # the head's bytes), while the 4-bit one holds it twice (XNNPACK packs 4-bit weights its own way).
     table = 4 * model.embed_tokens.weight.numel()
+    if quantize == "8da8w":
+        rows, width = model.embed_tokens.weight.shape
+        stored -= rows * width + 4 * rows
     saved = exported.program("tied").stat().st_size - exported.program("tied", quantize=quantize).stat().st_size
     expected_saving = floats - table - stored
     # Alignment padding and per-tensor headers: a few percent of the weights.
     assert saved >= expected_saving - 0.05 * floats
+
+
+def test_tied_8bit_program_stores_the_table_once(exported, generator):
+    """The tied 8-bit table (int8 rows, one fp32 scale each) serves the embedding and the head from one copy.
+
+    The table's bytes, computed from the eager quantized model, occur once in the file (twice before the
+    embedding read XNNPACK's copy); the lookup runs in our GdnEmbeddingBackend delegate, which refuses a token
+    outside the table instead of reading past it.
+    """
+    from gdn_export import load_qwen35
+    from gdn_export.quantize import quantize_model
+    from gdn_export.runner import executorch_runtime, program_delegate_ids
+
+    model = quantize_model(load_qwen35(exported.checkpoint("tied"), max_seq_len=128), "8da8w")
+    embedding, head = model.embed_tokens.weight, model.lm_head.weight
+    assert torch.equal(embedding.qdata, head.qdata) and torch.equal(embedding.scale, head.scale)
+    path = exported.program("tied", quantize="8da8w")
+    program = path.read_bytes()
+    table, scales = (tensor.contiguous().numpy().tobytes() for tensor in (embedding.qdata, embedding.scale))
+    assert (program.count(table), program.count(scales)) == (1, 1)
+    assert "GdnEmbeddingBackend" in program_delegate_ids(path)
+    assert "GdnEmbeddingBackend" not in program_delegate_ids(exported.program("tied", quantize="8da4w"))
+    # One token past the table.
+    forward = executorch_runtime().get().load_program(str(path)).load_method("forward")
+    tokens = fresh_prompt(3, generator) + [embedding.shape[0]]
+    with pytest.raises(RuntimeError):
+        forward.execute([torch.tensor([tokens]), torch.tensor([0])])

@@ -81,3 +81,18 @@ def test_a_failing_execute_is_one_line():
     with pytest.raises(RunnerError) as error:
         runner.feed([7])
     assert str(error.value) == ("ExecuTorch failed running 1 tokens at position 3: tensor does not have a device")
+
+
+def test_the_int8_embedding_delegate_is_provided_by_the_xnnpack_backend(tmp_path, monkeypatch):
+    """8-bit XNNPACK programs hold GdnEmbeddingBackend delegates: the runner finds their runtime (our kernel
+    library) through the xnnpack backend's delegate_ids and load_runtime, which names the missing library."""
+    from gdn_export.backends import RuntimeUnavailable, backends_for_delegates
+    from runtime_ops import loader
+
+    provider = backends_for_delegates(["GdnEmbeddingBackend"])["GdnEmbeddingBackend"]
+    assert provider.name == "xnnpack"
+    missing = tmp_path / "nowhere" / "libgdn_runtime_ops.so"
+    monkeypatch.setenv(loader.ENV_VAR, str(missing))
+    monkeypatch.setattr(loader, "_loaded", None)
+    with pytest.raises(RuntimeUnavailable, match=f"no library at {missing}"):
+        provider.load_runtime()

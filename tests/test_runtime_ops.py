@@ -215,3 +215,44 @@ def test_missing_library_keeps_the_reference_and_names_the_path(tmp_path, seed):
     assert result.returncode == 0, result.stderr[-2000:]
     assert str(missing) in result.stdout and "runtime_ops.build" in result.stdout
     assert "reference ok (1, 3, 1, 4)" in result.stdout
+
+
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32])
+def test_int8_embedding_delegate_reads_the_rows_and_refuses_ids_outside_the_table(dtype, generator):
+    """GdnEmbeddingBackend (runtime_ops/embedding_delegate.py) in a program against the table's int8 rows times
+    their scales, computed here; an id outside the table fails the call instead of reading past it."""
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    from gdn_export.quantize import quantize_module
+    from gdn_export.runner import program_delegate_ids
+    from runtime_ops.embedding_delegate import GdnEmbeddingPartitioner
+
+    rows, width = 37, 24
+    embedding = torch.nn.Embedding(rows, width)
+    with torch.no_grad():
+        embedding.weight.copy_(torch.randn(rows, width, generator=generator))
+    quantize_module(embedding, "8da8w")
+    table, scales = embedding.weight.qdata, embedding.weight.scale.reshape(rows, 1)
+    tokens = torch.randint(0, rows, (2, 5), generator=generator, dtype=dtype)
+    length = torch.export.Dim("length", min=1, max=8)
+    program = torch.export.export(embedding, (tokens,), dynamic_shapes=({1: length},), strict=False)
+    edge = to_edge_transform_and_lower(program, compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    manager = edge.to_backend(GdnEmbeddingPartitioner()).to_executorch()
+    path = loader.library_path().parent / f"embedding_delegate_test_{os.getpid()}.pte"
+    try:
+        path.write_bytes(manager.buffer)
+        assert program_delegate_ids(path) == {"GdnEmbeddingBackend"}
+        loader.load()
+        forward = Runtime.get().load_program(str(path)).load_method("forward")
+        # The method's inputs must be contiguous: the one-token prompt is a new tensor, not a slice.
+        one = torch.tensor(tokens[:, :1].tolist(), dtype=dtype)
+        for ids in (tokens, one, torch.tensor([[0, rows - 1]], dtype=dtype)):
+            (rows_read,) = forward.execute([ids])
+            expected = table.to(torch.float32)[ids.long()] * scales[ids.long()]
+            assert torch.equal(rows_read, expected)
+        for bad in (rows, -1):
+            with pytest.raises(RuntimeError):
+                forward.execute([torch.tensor([[1, bad]], dtype=dtype)])
+    finally:
+        path.unlink(missing_ok=True)

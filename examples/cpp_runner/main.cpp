@@ -338,10 +338,12 @@ class LlmProgram {
       return;
     }
     std::string hint;
-    if (error == Error::OperatorMissing) {
-      hint = kGdnOpsLinked ? " (an operator of the program has no kernel in this runner)"
-                           : " (this runner was built without build/runtime_ops/lib/libgdn_runtime_ops.so, which "
-                             "gdn:: operators need: build that, then rebuild the runner)";
+    if (error == Error::OperatorMissing && kGdnOpsLinked) {
+      hint = " (an operator of the program has no kernel in this runner)";
+    } else if ((error == Error::OperatorMissing || error == Error::NotFound) && !kGdnOpsLinked) {
+      // NotFound: a delegate with no registered backend, such as the GdnEmbeddingBackend of 8-bit XNNPACK programs.
+      hint = " (this runner was built without build/runtime_ops/lib/libgdn_runtime_ops.so, which gdn:: operators "
+             "and the GdnEmbeddingBackend delegate need: build that, then rebuild the runner)";
     }
     fail(doing + " failed with ExecuTorch " + executorch::runtime::to_string(error) + hint);
   }
