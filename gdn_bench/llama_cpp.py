@@ -115,11 +115,14 @@ def convert(root: Path, argv: list) -> None:
         try:
             return lookup(self, tokenizer)  # a published tokenizer: llama.cpp's own name for it
         except NotImplementedError:
-            pre_tokenizer = json.loads(tokenizer.backend_tokenizer.to_str()).get("pre_tokenizer")
-            name = pre_tokenizer_name(pre_tokenizer)
+            # The checkpoint's own tokenizer.json: transformers' tokenizer classes may replace its pre-tokenizer
+            # with their model's (Qwen3_5Tokenizer puts Qwen3.5's regex on any tokenizer it loads).
+            path = Path(self.dir_model) / "tokenizer.json"
+            spec = json.loads(path.read_text()) if path.is_file() else json.loads(tokenizer.backend_tokenizer.to_str())
+            name = pre_tokenizer_name(spec.get("pre_tokenizer"))
             if name is None:
                 raise
-            logger.warning("gdn-bench: pre-tokenizer hash unknown to llama.cpp; its split regex is %r's", name)
+            logger.warning("gdn-bench: pre-tokenizer hash unknown to llama.cpp; naming it %r after its split regex", name)
             return name
 
     TextModel.get_vocab_base_pre = get_vocab_base_pre
