@@ -522,24 +522,19 @@ def measure_kl(checkpoint: str, programs: dict, threads: int) -> dict:
 # llama.cpp (``--llama-cpp``): its tools time and score its GGUF files of the same checkpoint.
 
 
-def run_tool(command: list) -> str:
-    """Run one of llama.cpp's tools; its stdout, or an error with the end of its output."""
+def run_tool(command: list) -> subprocess.CompletedProcess:
+    """Run one of llama.cpp's tools, its output captured; an error with the end of its output if it fails."""
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
-    return done.stdout + done.stderr
+    return done
 
 
 def measure_llama(llama: llama_cpp.LlamaCpp, gguf: Path, plan: Plan, repetitions: int) -> dict:
     """llama-bench's prefill tok/s at each prompt length and decode tok/s after the first (median of repetitions)."""
     load_before = os.getloadavg()[0]
-    outputs = []
-    for command in llama_cpp.bench_commands(llama, gguf, plan.prompts, plan.decode_steps, plan.threads, repetitions):
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-        outputs.append(done.stdout)
-    entry = llama_cpp.parse_bench(outputs)
+    commands = llama_cpp.bench_commands(llama, gguf, plan.prompts, plan.decode_steps, plan.threads, repetitions)
+    entry = llama_cpp.parse_bench([run_tool(command).stdout for command in commands])  # JSON on stdout, logs on stderr
     for length, rate in entry["prefill_tok_s"].items():
         log(f"  prefill {length}: {rate:.1f} tok/s")
     log(f"  decode {plan.decode_steps} tokens after {plan.prompts[0]}: {entry['decode_tok_s']:.2f} tok/s")
@@ -564,9 +559,9 @@ def measure_llama_kl(llama: llama_cpp.LlamaCpp, workdir: "Workdir", threads: int
         raise RuntimeError(f"llama.cpp tokenized the KL text differently from our tokenizer (from token {first} "
                            f"on), so its KL would not be over the same tokens")
     scores = {}
-    for system in ("llama_q8_0", "llama_q4_0"):
-        output = run_tool(llama_cpp.perplexity_kl_command(llama, workdir.gguf[system], base, KL_TOKENS, threads))
-        scores[system] = {**llama_cpp.parse_kl(output), "tokens": len(LLAMA_KL_POSITIONS)}
+    for _, _, system in KL_PAIRS:
+        done = run_tool(llama_cpp.perplexity_kl_command(llama, workdir.gguf[system], base, KL_TOKENS, threads))
+        scores[system] = {**llama_cpp.parse_kl(done.stdout + done.stderr), "tokens": len(LLAMA_KL_POSITIONS)}
         log(f"  {system}: mean KL {scores[system]['mean_kl']:.4f} over positions {LLAMA_KL_POSITIONS.start}-"
             f"{LLAMA_KL_POSITIONS.stop - 1}")
     return scores
