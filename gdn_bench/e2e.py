@@ -882,7 +882,7 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Opti
                 mine, theirs = quality.get(ours), quality.get(llama)
                 windowed = mine.get("mean_kl_llama_positions") if mine else None
                 versus = windowed / theirs["mean_kl"] if windowed is not None and theirs and theirs["mean_kl"] else None
-                stderr = f" ± {theirs['mean_kl_stderr']:.4f}" if theirs else ""
+                stderr = f" ± {theirs['mean_kl_stderr']:.1e}" if theirs else ""
                 lines.append(
                     f"| {bits} | {SYSTEM_LABELS[ours]} | {_kl(mine, 'mean_kl')} | {_kl(mine, 'mean_kl_llama_positions')} "
                     f"| {SYSTEM_LABELS[llama]} | {_kl(theirs, 'mean_kl')}{stderr} "

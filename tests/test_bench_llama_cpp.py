@@ -327,9 +327,9 @@ def test_report_sets_ours_against_llama_cpp(generator):
     assert "| prefill 512: ours_8da8w / llama_q8_0 | 1.50x | 1.5x | yes |" in table
     assert "llama_f32" not in table and "/ hf" not in table  # pairs not measured get no row
     assert f"| 4-bit | {e2e.SYSTEM_LABELS['ours_8da4w']} | {3 * kl_q4:.4f} | {0.5 * kl_q4:.4f} " \
-           f"| {e2e.SYSTEM_LABELS['llama_q4_0']} | {kl_q4:.4f} ± 0.0010 | 0.50x | yes |" in table
+           f"| {e2e.SYSTEM_LABELS['llama_q4_0']} | {kl_q4:.4f} ± 1.0e-03 | 0.50x | yes |" in table
     assert f"| 8-bit | {e2e.SYSTEM_LABELS['ours_8da8w']} | {kl_q8:.4f} | {2 * kl_q8:.4f} " \
-           f"| {e2e.SYSTEM_LABELS['llama_q8_0']} | {kl_q8:.4f} ± 0.0001 | 2.00x | NO |" in table
+           f"| {e2e.SYSTEM_LABELS['llama_q8_0']} | {kl_q8:.4f} ± 1.0e-04 | 2.00x | NO |" in table
     assert f"| {e2e.SYSTEM_LABELS['ours_8da4w']} | 500.0 | {e2e.SYSTEM_LABELS['llama_q4_0']} | 468.0 | 1.07x | 1.1x | yes |" \
         in table
     assert f"| {e2e.SYSTEM_LABELS['ours_8da8w']} | 965.0 | {e2e.SYSTEM_LABELS['llama_q8_0']} | 764.0 | 1.26x | 1.1x | NO |" \
