@@ -295,7 +295,7 @@ class Workdir:
         ]
         self.build("executorch_export_llm", self.executorch_pte, command, cwd=self.executorch_dir)
 
-    def ensure_gguf(self, llama: "llama_cpp.LlamaCpp", threads: int) -> None:
+    def ensure_gguf(self, llama: llama_cpp.LlamaCpp, threads: int) -> None:
         """The F32 GGUF by llama.cpp's converter, then its Q8_0 and Q4_0 by llama-quantize."""
         self.llama_dir.mkdir(exist_ok=True)
         f32 = self.gguf["llama_f32"]
