@@ -26,6 +26,12 @@ only meaningful between rows of the same run.
 ``--kl`` also scores each quantized program: the mean KL divergence of its
 next-token distributions from the fp32 model's (our eager model) over a fixed
 512-token text (``gdn_export.tiny.CORPUS``), teacher-forced one token a call.
+
+``--llama-cpp DIR`` adds llama.cpp as an anchor (``gdn_bench.llama_cpp``): the
+checkpoint converted by its own converter to an F32 GGUF, quantized to Q8_0 and
+Q4_0 by ``llama-quantize``, timed by ``llama-bench`` at the same prompt lengths,
+decode steps and threads; with ``--kl``, ``llama-perplexity``'s KL divergence of
+Q8_0 and Q4_0 from F32 over the same 512 tokens.
 """
 
 from __future__ import annotations
@@ -47,16 +53,29 @@ from typing import Callable, Optional
 
 import torch
 
+from gdn_bench import llama_cpp
+
 SYSTEMS = ("ours", "ours_8da4w", "ours_8da8w", "hf", "executorch")
+# llama.cpp's GGUF files (--llama-cpp), reported after ours.
+LLAMA_SYSTEMS = tuple(llama_cpp.GGUF_TYPES)
+REPORTED = SYSTEMS + LLAMA_SYSTEMS
+# Systems that read fp32 weights, whose decode is set against the fp32 memory floor.
+FP32_SYSTEMS = ("ours", "hf", "executorch", "llama_f32")
 # Our programs and the --quantize each is exported with.
 OURS = {"ours": "none", "ours_8da4w": "8da4w", "ours_8da8w": "8da8w"}
 KL_TOKENS = 512
+# The positions llama-perplexity scores in a context of KL_TOKENS: from the middle (its first = n_ctx / 2)
+# to the one before the last (whose next token is in the context). Position p's distribution predicts token p + 1.
+LLAMA_KL_POSITIONS = range(KL_TOKENS // 2, KL_TOKENS - 1)
+# Our quantized program and the llama.cpp file of the same bit width.
+KL_PAIRS = (("4-bit", "ours_8da4w", "llama_q4_0"), ("8-bit", "ours_8da8w", "llama_q8_0"))
 SYSTEM_LABELS = {
     "ours": "gdn-export .pte (XNNPACK fp32)",
     "ours_8da4w": "gdn-export .pte (XNNPACK 8da4w)",
     "ours_8da8w": "gdn-export .pte (XNNPACK 8da8w)",
     "hf": "transformers eager (fp32)",
     "executorch": "ExecuTorch export_llm flow (XNNPACK fp32)",
+    **{system: f"llama.cpp {file_type}" for system, file_type in llama_cpp.GGUF_TYPES.items()},
 }
 # The published Qwen3.5-0.8B text config (see /work/shared/anchors.md), as
 # ``Qwen3_5TextConfig`` keyword arguments.
@@ -89,7 +108,18 @@ TARGETS = (
     ("ours", "executorch", "decode", 1.2),
     ("ours", "hf", "decode", 2.0),
     ("ours", "hf", "prefill 512", 1.3),
+    # issue 20: against llama.cpp on the same weights.
+    ("ours", "llama_f32", "decode", 1.0),
+    ("ours", "llama_f32", "prefill 512", 1.5),
+    ("ours_8da4w", "llama_q4_0", "decode", 1.5),
+    ("ours_8da4w", "llama_q4_0", "prefill 512", 1.5),
+    ("ours_8da4w", "llama_q4_0", "prefill 2048", 1.5),
+    ("ours_8da8w", "llama_q8_0", "decode", 1.5),
+    ("ours_8da8w", "llama_q8_0", "prefill 512", 1.5),
+    ("ours_8da8w", "llama_q8_0", "prefill 2048", 1.5),
 )
+# issue 20: a program at most this multiple of the GGUF file of the same bit width.
+SIZE_FLOOR = (("ours_8da4w", "llama_q4_0", 1.1), ("ours_8da8w", "llama_q8_0", 1.1))
 # The issue's floor for --prompt-cache: cached time to first token at most this share of uncached.
 PROMPT_CACHE_FLOOR = 0.1
 
@@ -189,20 +219,29 @@ class Workdir:
         self.executorch_params = self.executorch_dir / "params.json"
         self.executorch_weights = self.executorch_dir / "weights.pth"
         self.executorch_pte = self.executorch_dir / f"{ET_MODEL_CLASS}_fp32.pte"
+        self.llama_dir = self.root / "llama_cpp"
+        self.gguf = {system: self.llama_dir / f"model-{file_type.lower()}.gguf"
+                     for system, file_type in llama_cpp.GGUF_TYPES.items()}
         self.builds_path = self.root / "builds.json"
         self.results_path = self.root / "results.json"
 
     def builds(self) -> dict:
         return read_json(self.builds_path)
 
-    def build(self, name: str, output: Path, command: list, cwd: Optional[Path] = None) -> None:
-        """Run ``command`` unless ``output`` exists; record its time, peak RSS and output size."""
+    def build(self, name: str, output: Path, command: list, cwd: Optional[Path] = None,
+              writes_to: Optional[Path] = None) -> None:
+        """Run ``command`` unless ``output`` exists; record its time, peak RSS and output size.
+
+        ``writes_to``: where a command that does not write atomically itself writes; renamed to ``output``
+        once it succeeds, so an interrupted build is never reused."""
         if output.exists():
             log(f"{name}: reusing {output}")
             return
         log_path = self.root / f"{name}.log"
         log(f"{name}: building {output} (log: {log_path})")
         child = run_child(command, log_path, cwd)
+        if writes_to is not None and child.returncode == 0 and writes_to.exists():
+            os.replace(writes_to, output)
         if child.returncode != 0 or not output.exists():
             tail = log_path.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"{name}: {' '.join(map(str, command))} failed ({child.returncode}):\n{tail}")
@@ -255,6 +294,19 @@ class Workdir:
             f"hydra.run.dir={self.executorch_dir / 'hydra'}",
         ]
         self.build("executorch_export_llm", self.executorch_pte, command, cwd=self.executorch_dir)
+
+    def ensure_gguf(self, llama: llama_cpp.LlamaCpp, threads: int) -> None:
+        """The F32 GGUF by llama.cpp's converter, then its Q8_0 and Q4_0 by llama-quantize."""
+        self.llama_dir.mkdir(exist_ok=True)
+        f32 = self.gguf["llama_f32"]
+        for system, file_type in llama_cpp.GGUF_TYPES.items():
+            output = self.gguf[system]
+            partial = output.with_name(f".{output.name}.partial")
+            if system == "llama_f32":
+                command = llama_cpp.convert_command(llama, self.checkpoint, partial)
+            else:
+                command = llama_cpp.quantize_command(llama, f32, partial, file_type, threads)
+            self.build(f"gguf_{file_type.lower()}", output, command, writes_to=partial)
 
 
 def build_checkpoint(folder: str, seed: int) -> None:
@@ -459,8 +511,59 @@ def measure_kl(checkpoint: str, programs: dict, threads: int) -> dict:
         del runner
         scores[system] = {
             "mean_kl": statistics.fmean(divergences), "top1_agreement": agreements / len(tokens), "tokens": len(tokens),
+            # The same positions as llama-perplexity's score, for the side-by-side table.
+            "mean_kl_llama_positions": statistics.fmean(divergences[p] for p in LLAMA_KL_POSITIONS),
         }
         log(f"  {system}: mean KL {scores[system]['mean_kl']:.4f}, same top token {agreements / len(tokens):.1%}")
+    return scores
+
+
+# ---------------------------------------------------------------------------
+# llama.cpp (``--llama-cpp``): its tools time and score its GGUF files of the same checkpoint.
+
+
+def run_tool(command: list) -> subprocess.CompletedProcess:
+    """Run one of llama.cpp's tools, its output captured; an error with the end of its output if it fails."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+    return done
+
+
+def measure_llama(llama: llama_cpp.LlamaCpp, gguf: Path, plan: Plan, repetitions: int) -> dict:
+    """llama-bench's prefill tok/s at each prompt length and decode tok/s after the first (median of repetitions)."""
+    load_before = os.getloadavg()[0]
+    commands = llama_cpp.bench_commands(llama, gguf, plan.prompts, plan.decode_steps, plan.threads, repetitions)
+    entry = llama_cpp.parse_bench([run_tool(command).stdout for command in commands])  # JSON on stdout, logs on stderr
+    for length, rate in entry["prefill_tok_s"].items():
+        log(f"  prefill {length}: {rate:.1f} tok/s")
+    log(f"  decode {plan.decode_steps} tokens after {plan.prompts[0]}: {entry['decode_tok_s']:.2f} tok/s")
+    return {**entry, "threads": plan.threads, "load_average": [load_before, os.getloadavg()[0]]}
+
+
+def measure_llama_kl(llama: llama_cpp.LlamaCpp, workdir: "Workdir", threads: int) -> dict:
+    """llama-perplexity's mean KL(F32 || Q) of Q8_0 and Q4_0 over our KL text's first KL_TOKENS tokens, one
+    context without BOS, scored at LLAMA_KL_POSITIONS; refuses to score if llama.cpp tokenizes the text
+    differently from our tokenizer."""
+    from tokenizers import Tokenizer
+
+    # llama-perplexity wants twice the context's tokens of text even for its one chunk.
+    tokens = quality_tokens(workdir.checkpoint, 2 * KL_TOKENS)
+    text = workdir.llama_dir / "kl_text.txt"
+    write_atomically(text, Tokenizer.from_file(str(workdir.checkpoint / "tokenizer.json")).decode(tokens).encode())
+    base = workdir.llama_dir / "kl_base_f32.bin"
+    run_tool(llama_cpp.perplexity_base_command(llama, workdir.gguf["llama_f32"], text, base, KL_TOKENS, threads))
+    evaluated = llama_cpp.base_tokens(base)
+    if evaluated != tokens[:KL_TOKENS]:
+        first = next((i for i, (a, b) in enumerate(zip(evaluated, tokens)) if a != b), min(len(evaluated), KL_TOKENS))
+        raise RuntimeError(f"llama.cpp tokenized the KL text differently from our tokenizer (from token {first} "
+                           f"on), so its KL would not be over the same tokens")
+    scores = {}
+    for _, _, system in KL_PAIRS:
+        done = run_tool(llama_cpp.perplexity_kl_command(llama, workdir.gguf[system], base, KL_TOKENS, threads))
+        scores[system] = {**llama_cpp.parse_kl(done.stdout + done.stderr), "tokens": len(LLAMA_KL_POSITIONS)}
+        log(f"  {system}: mean KL {scores[system]['mean_kl']:.4f} over positions {LLAMA_KL_POSITIONS.start}-"
+            f"{LLAMA_KL_POSITIONS.stop - 1}")
     return scores
 
 
@@ -695,12 +798,17 @@ def ratio(results: dict, numerator: str, denominator: str, measure_name: str) ->
     return top / bottom if top and bottom else None
 
 
+def _kl(entry: Optional[dict], key: str) -> str:
+    return "-" if not entry or entry.get(key) is None else f"{entry[key]:.4f}"
+
+
 def format_rate(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
-def report(results: dict, builds: dict, floor: dict, prompts: tuple) -> str:
-    """The markdown tables: tok/s, ratios against the issue's floors, and build costs."""
+def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Optional[dict] = None) -> str:
+    """The markdown tables: tok/s, ratios against the issue's floors, sizes against llama.cpp's files
+    (``sizes``: bytes by system), quality, and build costs."""
     read_floor = floor["read_bandwidth_bytes_s"] / floor["weight_bytes"]
     lines = [
         f"Decode reads {floor['weight_bytes'] / 1e9:.2f} GB of fp32 weights per token. Copy bandwidth "
@@ -712,13 +820,13 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple) -> str:
         + " | decode tok/s | decode / floor | threads | measured (load average) |",
         "|---" * (len(prompts) + 5) + "|",
     ]
-    for system in SYSTEMS:
+    for system in REPORTED:
         entry = results.get(system)
         if not entry:
             continue
         prefill = [format_rate(entry["prefill_tok_s"].get(str(p))) for p in prompts]
         decode = entry.get("decode_tok_s")
-        share = f"{decode / floor['floor_tok_s']:.2f}" if decode and OURS.get(system, "none") == "none" else "-"
+        share = f"{decode / floor['floor_tok_s']:.2f}" if decode and system in FP32_SYSTEMS else "-"
         load = " to ".join(f"{value:.1f}" for value in entry.get("load_average", ()))
         lines.append(
             f"| {SYSTEM_LABELS[system]} | " + " | ".join(prefill)
@@ -726,6 +834,8 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple) -> str:
         )
     lines += ["", "| target | ratio | floor | met |", "|---|---|---|---|"]
     for numerator, denominator, measure_name, least in TARGETS:
+        if numerator not in results or denominator not in results:
+            continue  # a pair not measured (llama.cpp without --llama-cpp, say)
         value = ratio(results, numerator, denominator, measure_name)
         shown = "-" if value is None else f"{value:.2f}x"
         met = "-" if value is None else "yes" if value >= least else "NO"
@@ -759,6 +869,35 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple) -> str:
             f"| {quality[s]['measured_at']} |"
             for s in SYSTEMS if s in quality
         ]
+        pairs = [(bits, ours, llama) for bits, ours, llama in KL_PAIRS if ours in quality or llama in quality]
+        if any(llama in quality for _, _, llama in pairs):
+            window = f"positions {LLAMA_KL_POSITIONS.start}-{LLAMA_KL_POSITIONS.stop - 1}"
+            lines += [
+                "",
+                f"| weights | ours | ours: mean KL, all {KL_TOKENS} positions | ours: mean KL, {window} | llama.cpp "
+                f"| llama.cpp: mean KL, {window} (± s.e.) | ours / llama.cpp ({window}) | ours ≤ llama.cpp |",
+                "|---" * 8 + "|",
+            ]
+            for bits, ours, llama in pairs:
+                mine, theirs = quality.get(ours), quality.get(llama)
+                windowed = mine.get("mean_kl_llama_positions") if mine else None
+                versus = windowed / theirs["mean_kl"] if windowed is not None and theirs and theirs["mean_kl"] else None
+                stderr = f" ± {theirs['mean_kl_stderr']:.1e}" if theirs else ""
+                lines.append(
+                    f"| {bits} | {SYSTEM_LABELS[ours]} | {_kl(mine, 'mean_kl')} | {_kl(mine, 'mean_kl_llama_positions')} "
+                    f"| {SYSTEM_LABELS[llama]} | {_kl(theirs, 'mean_kl')}{stderr} "
+                    f"| {'-' if versus is None else f'{versus:.2f}x'} | {'-' if versus is None else 'yes' if versus <= 1 else 'NO'} |"
+                )
+    if sizes:
+        rows = [(ours, llama, least) for ours, llama, least in SIZE_FLOOR if ours in sizes and llama in sizes]
+        if rows:
+            lines += ["", "| program | size MiB | llama.cpp file | size MiB | ratio | floor | met |", "|---" * 7 + "|"]
+            for ours, llama, least in rows:
+                value = sizes[ours] / sizes[llama]
+                lines.append(
+                    f"| {SYSTEM_LABELS[ours]} | {sizes[ours] / 2**20:.1f} | {SYSTEM_LABELS[llama]} "
+                    f"| {sizes[llama] / 2**20:.1f} | {value:.2f}x | {least}x | {'yes' if value <= least else 'NO'} |"
+                )
     if builds:
         lines += [
             "",
@@ -783,7 +922,7 @@ def plot(results: dict, prompts: tuple, floor: dict, path: Path) -> None:
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     measures = [f"prefill {p}" for p in prompts] + ["decode"]
-    systems = [s for s in SYSTEMS if s in results]
+    systems = [s for s in REPORTED if s in results]
     width = 0.8 / max(len(systems), 1)
     figure, axes = plt.subplots(figsize=(10, 5))
     for index, system in enumerate(systems):
@@ -860,6 +999,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kl", action="store_true",
                         help=f"also score the quantized programs among --only: mean KL divergence from the fp32 "
                              f"model over a fixed {KL_TOKENS}-token text")
+    parser.add_argument("--llama-cpp", type=llama_cpp.llama_cpp_dir, default=None, metavar="DIR",
+                        help="also convert the checkpoint with llama.cpp and time its F32, Q8_0 and Q4_0 files in this "
+                             "run (with --kl, score Q8_0 and Q4_0 against F32). DIR: a llama.cpp source folder, built "
+                             "in place with CMake: its convert_hf_to_gguf.py and gguf-py/, and build/bin/ with "
+                             "llama-bench, llama-quantize and llama-perplexity (gdn_bench/README.md says how)")
+    parser.add_argument("--llama-repetitions", type=int, default=3,
+                        help="--llama-cpp: llama-bench repetitions of each test; medians (default %(default)s)")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG bar plot here (needs matplotlib)")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables here as markdown")
     parser.add_argument("--prompt-cache", action="store_true",
@@ -881,6 +1027,8 @@ def run(args) -> int:
         raise ValueError(f"--interleave-rounds must be >= 1, got {args.interleave_rounds}")
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.llama_repetitions < 1:
+        raise ValueError(f"--llama-repetitions must be >= 1, got {args.llama_repetitions}")
     if args.plot is not None and args.plot.suffix != ".png":
         raise ValueError(f"--plot must name a .png file, got {args.plot}")
     for flag, value in (("--cache-prefix", args.cache_prefix), ("--cache-question", args.cache_question),
@@ -916,12 +1064,28 @@ def run(args) -> int:
         plan = Plan(tuple(prompts), args.decode_steps, vocab_size, args.seed, args.threads)
         results[system] = {**measure_in_child(system, artifacts[system], plan), "measured_at": stamp}
         write_json(workdir.results_path, results)
+    if args.llama_cpp is not None:
+        workdir.ensure_gguf(args.llama_cpp, args.threads)
+        for system in LLAMA_SYSTEMS:
+            if args.build_only:
+                break
+            log(f"{system}: llama-bench, prompts {', '.join(map(str, args.prompts))} and {args.decode_steps} "
+                f"decode steps, {args.llama_repetitions} repetitions")
+            plan = Plan(tuple(args.prompts), args.decode_steps, vocab_size, args.seed, args.threads)
+            results[system] = {**measure_llama(args.llama_cpp, workdir.gguf[system], plan, args.llama_repetitions),
+                               "measured_at": stamp}
+            write_json(workdir.results_path, results)
     scored = {system: str(artifacts[system]) for system in args.only if OURS.get(system, "none") != "none"}
     if args.kl and scored and not args.build_only:
         log(f"quality: KL divergence from the fp32 model, {', '.join(scored)}")
         with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
             scores = pool.submit(measure_kl, str(workdir.checkpoint), scored, args.threads).result()
         for system, score in scores.items():
+            results.setdefault("quality", {})[system] = {**score, "measured_at": time.strftime("%Y-%m-%d %H:%M")}
+        write_json(workdir.results_path, results)
+    if args.kl and args.llama_cpp is not None and not args.build_only:
+        log("quality: llama.cpp's KL divergence of Q8_0 and Q4_0 from its F32 (llama-perplexity)")
+        for system, score in measure_llama_kl(args.llama_cpp, workdir, args.threads).items():
             results.setdefault("quality", {})[system] = {**score, "measured_at": time.strftime("%Y-%m-%d %H:%M")}
         write_json(workdir.results_path, results)
     interleave = [system for system in args.interleave if system in args.only]
@@ -935,11 +1099,12 @@ def run(args) -> int:
         write_json(workdir.results_path, results)
     if not floor:
         return 0
-    systems = {s: results[s] for s in SYSTEMS if s in results}
+    systems = {s: results[s] for s in REPORTED if s in results}
     for extra in ("interleaved_decode", "quality"):
         if extra in results:
             systems[extra] = results[extra]
-    table = report(systems, workdir.builds(), floor, args.prompts)
+    sizes = {system: path.stat().st_size for system, path in {**workdir.ours, **workdir.gguf}.items() if path.is_file()}
+    table = report(systems, workdir.builds(), floor, args.prompts, sizes)
     print(table)
     if args.markdown is not None:
         write_atomically(args.markdown, (table + "\n").encode())

@@ -149,3 +149,6 @@ def test_kl_is_zero_for_the_fp32_program_and_positive_for_4_bits(tmp_path, seed)
     assert scores["ours"]["mean_kl"] < 1e-6 and scores["ours"]["top1_agreement"] > 0.99
     # 4-bit weights move the distributions, but far less than unrelated ones would (KL of order 1 and more).
     assert 1e-5 < scores["ours_8da4w"]["mean_kl"] < 0.5
+    # The mean over llama-perplexity's positions (the second half but the last) is a mean of the same divergences.
+    assert scores["ours"]["mean_kl_llama_positions"] < 1e-6
+    assert 1e-5 < scores["ours_8da4w"]["mean_kl_llama_positions"] < 0.5
