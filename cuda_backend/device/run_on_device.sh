@@ -36,6 +36,13 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
+# ExecuTorch's CUDA runtime (log $OUT/$1.log), then the C++ runner in the background: $builder to wait for.
+build_runtime_and_runner() {
+  python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
+      > "$OUT/$1.log" 2>&1 || { tail -5 "$OUT/$1.log"; return 1; }
+  python3 -m examples.cpp_runner.build > "$OUT/cpp_runner_build.log" 2>&1 &
+  builder=$!
+}
 status=0
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests aoti bench)
@@ -74,10 +81,7 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64)" "$OUT/tiny" > "$OUT/lower
           --deadline-s "${E2E_DEADLINE_S:-$((550 - SECONDS))}" || status=1 ;;
     cpp-e2e)
       started=$SECONDS
-      python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
-          > "$OUT/cpp_e2e_build.log" 2>&1 || { status=1; tail -5 "$OUT/cpp_e2e_build.log"; continue; }
-      python3 -m examples.cpp_runner.build > "$OUT/cpp_runner_build.log" 2>&1 &
-      builder=$!
+      build_runtime_and_runner cpp_e2e_build || { status=1; continue; }
       # The checkpoints of e2e_check.CHECKPOINTS named in CPP_MODELS, exported at once (fp32).
       exporters=()
       for model in ${CPP_MODELS:-dense}; do
@@ -115,10 +119,7 @@ make(sys.argv[1], **CHECKPOINTS[sys.argv[2]])" /tmp/tiny_$model $model > "$OUT/c
       # Which part of the prefill method goes wrong (cuda_backend/device/prefill_probe.py): the two-method
       # program with its prefill static at T = 4, with the chunked kernels and with plain tensor ops.
       started=$SECONDS
-      python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
-          > "$OUT/probe_build.log" 2>&1 || { status=1; tail -5 "$OUT/probe_build.log"; continue; }
-      python3 -m examples.cpp_runner.build > "$OUT/cpp_runner_build.log" 2>&1 &
-      builder=$!
+      build_runtime_and_runner probe_build || { status=1; continue; }
       python3 -c "import sys; from gdn_export.tiny import make_tiny_checkpoint as make
 make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense > /dev/null 2>&1
       mkdir -p /tmp/probe
