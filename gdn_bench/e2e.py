@@ -541,7 +541,7 @@ def measure_llama(llama: llama_cpp.LlamaCpp, gguf: Path, plan: Plan, repetitions
     return {**entry, "threads": plan.threads, "load_average": [load_before, os.getloadavg()[0]]}
 
 
-def measure_llama_kl(llama: llama_cpp.LlamaCpp, workdir: "Workdir", threads: int) -> dict:
+def measure_llama_kl(llama: llama_cpp.LlamaCpp, workdir: Workdir, threads: int) -> dict:
     """llama-perplexity's mean KL(F32 || Q) of Q8_0 and Q4_0 over our KL text's first KL_TOKENS tokens, one
     context without BOS, scored at LLAMA_KL_POSITIONS; refuses to score if llama.cpp tokenizes the text
     differently from our tokenizer."""
