@@ -117,8 +117,9 @@ def export_main(argv=None) -> int:
     parser.add_argument("--max-seq-len", type=_positive_int, default=DEFAULT_MAX_SEQ_LEN,
                         help="context length: the tokens the KV cache holds")
     parser.add_argument("--quantize", default="none", choices=QUANTIZATIONS,
-                        help="linear layers and token embedding: 8da4w (int8 activations, int4 weights; "
-                        "xnnpack), 8da8w (int8 activations, int8 weights; xnnpack) or int8wo (int8 weights)")
+                        help="linear layers and token embedding: 8da4w (int8 activations, int4 weights in groups of 32, "
+                        "the token table and output head in int8; xnnpack), 8da8w (int8 activations, int8 weights; "
+                        "xnnpack) or int8wo (int8 weights)")
     parser.add_argument("--prefill-chunk", type=_positive_int, default=None,
                         help=f"most prompt tokens per call (default: the smaller of {DEFAULT_PREFILL_CHUNK} "
                         "and --max-seq-len)")

@@ -208,10 +208,8 @@ def export_qwen35(
     metadata = request.checkpoint.program_metadata(max_seq_len=request.max_seq_len, prefill_chunk=request.prefill_chunk)
     quantizing = f", quantizing each layer as it is read ({request.quantize})" if request.quantize != "none" else ""
     step(f"loading {request.checkpoint.folder}{quantizing}")
-    model = loading.load_model(
-        request.checkpoint, dtype=request.dtype, max_seq_len=request.max_seq_len,
-        transform=None if request.quantize == "none" else lambda module: quantize_module(module, request.quantize),
-    )
+    quantizer = None if request.quantize == "none" else lambda name, module: quantize_module(module, request.quantize, name)
+    model = loading.load_model(request.checkpoint, dtype=request.dtype, max_seq_len=request.max_seq_len, transform=quantizer)
     model.all_logits = False  # the runners sample from the last position only
     rewrite(model, backend=request.backend.name)
     step(f"exporting (tokens up to {request.prefill_chunk} a call)")

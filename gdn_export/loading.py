@@ -124,12 +124,13 @@ def load_model(
     *,
     dtype: torch.dtype,
     max_seq_len: int,
-    transform: Optional[Callable[[nn.Module], nn.Module]] = None,
+    transform: Optional[Callable[[str, nn.Module], nn.Module]] = None,
 ) -> Qwen35ForCausalLM:
     """``load_qwen35`` of a checkpoint already read by ``gdn_export.checkpoint.read_checkpoint``.
 
-    ``transform(module)`` (the export's quantizer) is applied to each module as
-    soon as its last weight is read and returns the module to keep in its place;
+    ``transform(name, module)`` (the export's quantizer; ``name`` is the module's in
+    the model) is applied to each module as soon as its last weight is read and
+    returns the module to keep in its place;
     the float weights it replaces are then dropped, so at most one layer's worth
     of them is in memory at a time.
     """
@@ -165,7 +166,7 @@ def load_model(
             loaded.add(target)
             unread[module_name].discard(leaf)
             if not unread[module_name] and transform is not None:
-                _replace_module(model, module_name, transform(model.get_submodule(module_name)))
+                _replace_module(model, module_name, transform(module_name, model.get_submodule(module_name)))
         del tensor, weight
     missing = sorted(set(expected) - loaded)
     if missing:

@@ -203,8 +203,8 @@ def eager_step_logits(model, prompt_ids, continuation):
     # the tail room). max_quantization_error bounds the program's distance to
     # unquantized transformers over 16 teacher-forced steps, relative to the spread of
     # transformers' logits; measured on tiny random models: int8wo about 0.03, 8da8w
-    # about 0.03, 8da4w about 0.45 (4-bit groups of 32 on 64-wide layers, embedding
-    # included), where unrelated logits give ~1.4.
+    # about 0.03, 8da4w about 0.45 (4-bit groups of 32 on 64-wide layers; measured with a 4-bit
+    # embedding, which is 8-bit since), where unrelated logits give ~1.4.
     # (Argmax agreement is no measure here: a random model's top logits are near ties.)
     [("dense", "int8wo", 1e-4, 0.1), ("dense", "8da4w", 0.06, 0.8),
      ("tied", "8da4w", 0.06, 0.8), ("tied", "8da8w", 0.01, 0.1)],
@@ -230,21 +230,21 @@ def test_quantized_programs_stay_close(exported, variant, quantize, lowering_err
 
 def quantized_bytes(model, quantize):
     """Bytes of the weights of ``model``'s linears and embeddings as ``quantize`` stores them (the math of the
-    format: int4 values packed two a byte with a bf16 scale per group in XNNPACK, an fp32 scale per group in the
-    4-bit embedding table; int8 values with an fp32 scale per row), and their float32 bytes."""
+    format: int4 values packed two a byte with a bf16 scale per group in XNNPACK; int8 values with an fp32 scale
+    per row), and their float32 bytes."""
     from torch import nn
 
-    from gdn_export.quantize import GROUP_SIZES_4BIT
+    from gdn_export.quantize import GROUP_SIZES_4BIT, module_mode
 
     stored = floats = 0
-    for module in model.modules():
+    for name, module in model.named_modules():
         if not isinstance(module, (nn.Linear, nn.Embedding)):
             continue
         rows, width = module.weight.shape
         floats += 4 * rows * width
-        if quantize == "8da4w":
+        if module_mode(name, quantize) == "8da4w":
             groups = rows * width // next(size for size in GROUP_SIZES_4BIT if width % size == 0)
-            stored += rows * width // 2 + groups * (4 if isinstance(module, nn.Embedding) else 2)
+            stored += rows * width // 2 + groups * 2
         else:
             stored += rows * width + 4 * rows
     return stored, floats
@@ -257,20 +257,21 @@ def test_quantized_program_holds_quantized_embedding_and_head(exported, quantize
 
     model = load_qwen35(exported.checkpoint("tied"), max_seq_len=128)
     stored, floats = quantized_bytes(model, quantize)
-    # The float program holds the tied table once; so does the 8-bit one (its embedding reads XNNPACK's copy of
-    # the head's bytes), while the 4-bit one holds it twice (XNNPACK packs 4-bit weights its own way).
+    # The float program holds the tied table once; so do the quantized ones: their embedding reads XNNPACK's
+    # copy of the head's 8-bit bytes.
     table = 4 * model.embed_tokens.weight.numel()
-    if quantize == "8da8w":
-        rows, width = model.embed_tokens.weight.shape
-        stored -= rows * width + 4 * rows
+    rows, width = model.embed_tokens.weight.shape
+    stored -= rows * width + 4 * rows
     saved = exported.program("tied").stat().st_size - exported.program("tied", quantize=quantize).stat().st_size
     expected_saving = floats - table - stored
     # Alignment padding and per-tensor headers: a few percent of the weights.
     assert saved >= expected_saving - 0.05 * floats
 
 
-def test_tied_8bit_program_stores_the_table_once(exported, generator):
-    """The tied 8-bit table (int8 rows, one fp32 scale each) serves the embedding and the head from one copy.
+@pytest.mark.parametrize("quantize", ["8da8w", "8da4w"])
+def test_tied_8bit_table_is_stored_once(exported, generator, quantize):
+    """The tied table (int8 rows, one fp32 scale each; 8 bits in the 4-bit program too) serves the embedding
+    and the head from one copy.
 
     The table's bytes, computed from the eager quantized model, occur once in the file (twice before the
     embedding read XNNPACK's copy); the lookup runs in our GdnEmbeddingBackend delegate, which refuses a token
@@ -280,15 +281,15 @@ def test_tied_8bit_program_stores_the_table_once(exported, generator):
     from gdn_export.quantize import quantize_model
     from gdn_export.runner import executorch_runtime, program_delegate_ids
 
-    model = quantize_model(load_qwen35(exported.checkpoint("tied"), max_seq_len=128), "8da8w")
+    model = quantize_model(load_qwen35(exported.checkpoint("tied"), max_seq_len=128), quantize)
     embedding, head = model.embed_tokens.weight, model.lm_head.weight
+    assert embedding.qdata.dtype == torch.int8 and embedding.scale.shape == (embedding.shape[0], 1)
     assert torch.equal(embedding.qdata, head.qdata) and torch.equal(embedding.scale, head.scale)
-    path = exported.program("tied", quantize="8da8w")
+    path = exported.program("tied", quantize=quantize)
     program = path.read_bytes()
     table, scales = (tensor.contiguous().numpy().tobytes() for tensor in (embedding.qdata, embedding.scale))
     assert (program.count(table), program.count(scales)) == (1, 1)
     assert "GdnEmbeddingBackend" in program_delegate_ids(path)
-    assert "GdnEmbeddingBackend" not in program_delegate_ids(exported.program("tied", quantize="8da4w"))
     # One token past the table.
     forward = executorch_runtime().get().load_program(str(path)).load_method("forward")
     tokens = fresh_prompt(3, generator) + [embedding.shape[0]]
