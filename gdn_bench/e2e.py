@@ -100,6 +100,20 @@ QWEN35_0_8B = dict(
     bos_token_id=248045,
     eos_token_id=[248046, 248044],
 )
+# The published Qwen3.5-4B text config (anchors.md; ExecuTorch's examples/models/qwen3_5/config/4b_config.json):
+# wider, 32 layers, twice the attention heads and Gated DeltaNet value heads of the 0.8B.
+QWEN35_4B = dict(
+    QWEN35_0_8B,
+    hidden_size=2560,
+    intermediate_size=9216,
+    num_hidden_layers=32,
+    layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    linear_num_value_heads=32,
+)
+# The benchmark shapes by name (``--shapes``); the CPU benchmark uses the first.
+SHAPES = {"0.8b": QWEN35_0_8B, "4b": QWEN35_4B}
 # Small enough that 24 residual layers keep activations and logits of order one.
 INIT_STD = 0.02
 ET_MODEL_CLASS = "qwen3_5_0_8b"
@@ -128,10 +142,15 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def qwen35_0_8b_config():
+def qwen35_config(shape: str):
+    """``Qwen3_5TextConfig`` of a benchmark shape (a key of ``SHAPES``)."""
     from transformers import Qwen3_5TextConfig
 
-    return Qwen3_5TextConfig(initializer_range=INIT_STD, **QWEN35_0_8B)
+    return Qwen3_5TextConfig(initializer_range=INIT_STD, **SHAPES[shape])
+
+
+def qwen35_0_8b_config():
+    return qwen35_config("0.8b")
 
 
 def executorch_params(config: dict) -> dict:
@@ -256,18 +275,14 @@ class Workdir:
         write_json(self.builds_path, builds)
         log(f"{name}: {child.seconds:.0f} s, peak RSS {child.peak_rss_bytes / 2**30:.2f} GiB")
 
-    def ensure_checkpoint(self, seed: int) -> None:
-        code = f"from gdn_bench.e2e import build_checkpoint; build_checkpoint({str(self.checkpoint)!r}, {seed})"
+    def ensure_checkpoint(self, seed: int, shape: str = "0.8b", dtype: str = "fp32") -> None:
+        code = (f"from gdn_bench.e2e import build_checkpoint; "
+                f"build_checkpoint({str(self.checkpoint)!r}, {seed}, {shape!r}, {dtype!r})")
         self.build("checkpoint", self.checkpoint, [sys.executable, "-c", code])
 
     def ensure_ours(self, system: str) -> None:
-        quantize = OURS[system]
-        code = (
-            "import sys; from gdn_export import export_qwen35; "
-            "print(export_qwen35(*sys.argv[1:3], backend='xnnpack', dtype='fp32', quantize=sys.argv[3], "
-            "progress=print).describe())"
-        )
-        command = [sys.executable, "-c", code, str(self.checkpoint), str(self.ours[system]), quantize]
+        command = export_command(self.checkpoint, self.ours[system], backend="xnnpack", dtype="fp32",
+                                 quantize=OURS[system])
         self.build(f"export_{system}", self.ours[system], command)
 
     def ensure_executorch(self) -> None:
@@ -309,8 +324,18 @@ class Workdir:
             self.build(f"gguf_{file_type.lower()}", output, command, writes_to=partial)
 
 
-def build_checkpoint(folder: str, seed: int) -> None:
-    """A seeded random-weight Qwen3.5-0.8B-shaped checkpoint with a small byte-level tokenizer, written atomically."""
+def export_command(checkpoint: Path, output: Path, **options) -> list:
+    """The child process that exports ``checkpoint`` to ``output`` with ``export_qwen35(**options)``."""
+    code = (
+        "import json, sys; from gdn_export import export_qwen35; "
+        "print(export_qwen35(*sys.argv[1:3], progress=print, **json.loads(sys.argv[3])).describe())"
+    )
+    return [sys.executable, "-c", code, str(checkpoint), str(output), json.dumps(options)]
+
+
+def build_checkpoint(folder: str, seed: int, shape: str = "0.8b", dtype: str = "fp32") -> None:
+    """A seeded random-weight checkpoint of a benchmark shape (``SHAPES``) with a small byte-level tokenizer,
+    written atomically; ``dtype`` (fp32 or bf16) is how its weights are stored, drawn in fp32 either way."""
     import shutil
     import tempfile
 
@@ -320,7 +345,8 @@ def build_checkpoint(folder: str, seed: int) -> None:
 
     folder = Path(folder)
     torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(qwen35_0_8b_config()).eval()
+    model = Qwen3_5ForCausalLM(qwen35_config(shape)).eval()
+    model = model.to({"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     try:
         staging.chmod(0o755)
@@ -349,10 +375,11 @@ class Plan:
 class HFSession:
     """transformers eager with its own cache: the reset/feed surface of ProgramRunner."""
 
-    def __init__(self, checkpoint: Path):
+    def __init__(self, checkpoint: Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
         from transformers import Qwen3_5ForCausalLM
 
-        self.model = Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        self.device = torch.device(device)
+        self.model = Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=dtype).to(self.device).eval()
         self.cache = None
 
     def reset(self) -> None:
@@ -361,8 +388,11 @@ class HFSession:
     def feed(self, tokens: list) -> torch.Tensor:
         with torch.inference_mode():
             output = self.model(
-                input_ids=torch.tensor([tokens]), past_key_values=self.cache, use_cache=True, logits_to_keep=1
+                input_ids=torch.tensor([tokens], device=self.device), past_key_values=self.cache, use_cache=True,
+                logits_to_keep=1,
             )
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # launches are asynchronous: a timed feed ends when its work does
         self.cache = output.past_key_values
         return output.logits[0, -1]
 
@@ -748,17 +778,22 @@ def interleaved_decode(artifacts: dict, plan: Plan, rounds: int, steps: int) -> 
 # Memory floor: weight bytes read per decoded token over the copy bandwidth.
 
 
-def memory_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 5) -> dict:
-    """Best-of-``repeats`` bandwidth of a large tensor copy (bytes read + written) and of a sum (bytes read)."""
+def memory_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 5, device: str = "cpu") -> dict:
+    """Best-of-``repeats`` bandwidth of a large tensor copy (bytes read + written) and of a sum (bytes read),
+    in the memory of ``device`` (``cuda``: the GPU's, each timing ending when the GPU's work does)."""
     torch.set_num_threads(threads)
-    source = torch.ones(nbytes // 4)
+    source = torch.ones(nbytes // 4, device=device)
     target = torch.empty_like(source)
+    synchronize = torch.cuda.synchronize if source.is_cuda else (lambda: None)
 
     def best_seconds(work: Callable[[], object]) -> float:
+        work()  # the first call pays for the kernel's loading, on a GPU
         best = math.inf
         for _ in range(repeats):
+            synchronize()
             started = time.perf_counter()
             work()
+            synchronize()
             best = min(best, time.perf_counter() - started)
         return best
 
