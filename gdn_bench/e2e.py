@@ -1,5 +1,9 @@
 """``gdn-bench e2e``: a random-weight Qwen3.5-0.8B-shaped model, end to end on CPU.
 
+``--device cuda`` runs the GPU benchmark instead (``gdn_bench.e2e_cuda``): the
+0.8B and 4B shapes in bf16, our program in ExecuTorch's CUDA runtime against
+transformers with fla-core's kernels. What follows describes the CPU one.
+
 One command builds (or reuses, from ``--workdir``) every artifact and times
 every system on the same weights in the same run:
 
@@ -53,7 +57,7 @@ from typing import Callable, Optional
 
 import torch
 
-from gdn_bench import llama_cpp
+from gdn_bench import UsageError, llama_cpp
 
 SYSTEMS = ("ours", "ours_8da4w", "ours_8da8w", "hf", "executorch")
 # llama.cpp's GGUF files (--llama-cpp), reported after ours.
@@ -1011,17 +1015,33 @@ def _optional_systems(text: str) -> tuple:
     return _systems(text) if text.strip() else ()
 
 
+# The defaults of the options both devices take; None in the parser, so that run() can tell them from a choice.
+CPU_DEFAULTS = {"workdir": Path("build/e2e"), "only": SYSTEMS, "prompts": (128, 512, 2048), "decode_steps": 32}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workdir", type=Path, default=Path("build/e2e"),
-                        help="artifacts and results, reused across runs (default %(default)s)")
-    parser.add_argument("--only", type=_systems, default=SYSTEMS,
-                        help=f"systems to build and time this run, comma-separated (default {','.join(SYSTEMS)})")
-    parser.add_argument("--prompts", type=_int_list, default=(128, 512, 2048),
-                        help="prefill prompt lengths (default %(default)s)")
+    from gdn_bench import e2e_cuda
+
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: the 0.8B shape against transformers, ExecuTorch's flow and llama.cpp; cuda: "
+                             "the 0.8B and 4B shapes in bf16 through ExecuTorch's CUDA runtime against transformers "
+                             "with fla-core (gdn_bench/e2e_cuda.py) (default %(default)s)")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help=f"artifacts and results, reused across runs (default {CPU_DEFAULTS['workdir']}, "
+                             f"with --device cuda {e2e_cuda.DEFAULTS['workdir']})")
+    parser.add_argument("--only", type=_systems, default=None,
+                        help=f"systems to build and time this run, comma-separated (default "
+                             f"{','.join(CPU_DEFAULTS['only'])}; with --device cuda "
+                             f"{','.join(e2e_cuda.DEFAULTS['only'])}, the only ones it takes)")
+    parser.add_argument("--prompts", type=_int_list, default=None,
+                        help=f"prefill prompt lengths; decode is timed after the first (default "
+                             f"{_csv(CPU_DEFAULTS['prompts'])}, with --device cuda {_csv(e2e_cuda.DEFAULTS['prompts'])})")
     parser.add_argument("--executorch-prompts", type=_int_list, default=(128,),
                         help="prompt lengths for ExecuTorch's flow, which prefills one token per call "
                              "(default %(default)s)")
-    parser.add_argument("--decode-steps", type=int, default=32, help="timed decode steps (default %(default)s)")
+    parser.add_argument("--decode-steps", type=int, default=None,
+                        help=f"timed decode steps (default {CPU_DEFAULTS['decode_steps']}, with --device cuda "
+                             f"{e2e_cuda.DEFAULTS['decode_steps']})")
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="threads for every system (default: the CPU count, %(default)s); on a busy machine "
                              "fewer threads than cores avoids threads waiting on each other")
@@ -1053,23 +1073,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--prompt-cache: tokens of each question after it (default %(default)s)")
     parser.add_argument("--cache-rounds", type=int, default=3,
                         help="--prompt-cache: questions timed, cached and uncached; medians (default %(default)s)")
+    e2e_cuda.add_arguments(parser)
+
+
+def _csv(values: tuple) -> str:
+    return ",".join(map(str, values))
+
+
+def apply_defaults(args, defaults: dict) -> None:
+    """Give the options left unset (None) the device's defaults."""
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def run(args) -> int:
+    from gdn_bench import e2e_cuda
+
+    if args.device == "cuda":
+        return e2e_cuda.run(args)
+    given = [flag for name, flag in e2e_cuda.CUDA_ONLY.items() if getattr(args, name) not in (None, False)]
+    if given:
+        raise UsageError(f"{given[0]} applies to --device cuda only")
+    apply_defaults(args, CPU_DEFAULTS)
     if args.decode_steps < 1:
-        raise ValueError(f"--decode-steps must be >= 1, got {args.decode_steps}")
+        raise UsageError(f"--decode-steps must be >= 1, got {args.decode_steps}")
     if args.interleave_rounds < 1:
-        raise ValueError(f"--interleave-rounds must be >= 1, got {args.interleave_rounds}")
+        raise UsageError(f"--interleave-rounds must be >= 1, got {args.interleave_rounds}")
     if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.llama_repetitions < 1:
-        raise ValueError(f"--llama-repetitions must be >= 1, got {args.llama_repetitions}")
+        raise UsageError(f"--llama-repetitions must be >= 1, got {args.llama_repetitions}")
     if args.plot is not None and args.plot.suffix != ".png":
-        raise ValueError(f"--plot must name a .png file, got {args.plot}")
+        raise UsageError(f"--plot must name a .png file, got {args.plot}")
     for flag, value in (("--cache-prefix", args.cache_prefix), ("--cache-question", args.cache_question),
                         ("--cache-rounds", args.cache_rounds)):
         if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
+            raise UsageError(f"{flag} must be >= 1, got {value}")
     workdir = Workdir(args.workdir)
     workdir.ensure_checkpoint(args.seed)
     if args.prompt_cache:
