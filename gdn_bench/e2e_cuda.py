@@ -551,6 +551,11 @@ def report(results: dict, builds: dict, sizes: dict, prompts: tuple, shapes: tup
         lines += [f"{device['name']} (torch {device['torch']}), {device['measured_at']}: copy bandwidth "
                   f"{device['copy_bandwidth_bytes_s'] / 1e12:.2f} TB/s (bytes read + written, "
                   f"{device['copy_bytes'] / 2**30:.0f} GiB copy).", ""]
+    anchor = next((results[shape]["hf"] for shape in shapes if results.get(shape, {}).get("hf")), None)
+    if anchor and "kernels" in anchor:
+        versions = anchor["versions"]
+        lines += [f"transformers {versions['transformers']} with fla-core {versions['fla']}, its kernel entry points: "
+                  + ", ".join(f"{name} -> {where}" for name, where in anchor["kernels"].items()) + ".", ""]
     for shape in shapes:
         entry = results.get(shape, {})
         if "weight_bytes" in entry:
@@ -562,6 +567,8 @@ def report(results: dict, builds: dict, sizes: dict, prompts: tuple, shapes: tup
                 + f". Not in the roofline: our program also reads {state['kv_cache_bytes'] / 1e6:.0f} MB of KV "
                   f"cache (its attention covers all {entry['context']} positions) and moves "
                   f"{state['recurrent_state_bytes'] / 1e6:.0f} MB of fp32 recurrent state (read + written) per step."
+                + (f" It takes a prompt in calls of at most {entry['ours']['prefill_chunk']} tokens."
+                   if "ours" in entry else "")
             )
     header = ["shape", "system"] + [f"prefill {p} tok/s" for p in prompts] + \
              [f"decode tok/s (after {prompts[0]})", "decode / roofline", "measured"]

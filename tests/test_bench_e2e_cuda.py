@@ -320,9 +320,12 @@ def synthetic_results(generator) -> dict:
     roof = {shape: bandwidth / weight for shape, weight in weights.items()}
     hf_prefill = [float(v) for v in 1e3 + 1e4 * torch.rand(3, generator=generator)]
 
-    def entry(prefill: dict, decode, digest: dict, first: dict) -> dict:
+    def entry(prefill: dict, decode, digest: dict, first: dict, **more) -> dict:
         return {"prefill_tok_s": prefill, "decode_tok_s": decode, "prompt_digest": digest, "first_token": first,
-                "runs_agree": True, "measured_at": "m"}
+                "runs_agree": True, "measured_at": "m", **more}
+
+    kernels = {"chunk_gated_delta_rule": "fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule",
+               "causal_conv1d_fn": "transformers.models.qwen3_5.modeling_qwen3_5.causal_conv1d_fn"}
 
     digests = {"512": "a", "2048": "b", "8192": "c"}
     state = {"kv_cache_bytes": 100e6, "recurrent_state_bytes": 38e6}
@@ -332,14 +335,15 @@ def synthetic_results(generator) -> dict:
         "0.8b": {
             "weight_bytes": weights["0.8b"], "context": 8192, "state_bytes": state,
             "ours": entry({"512": 3 * hf_prefill[0], "2048": 2 * hf_prefill[1], "8192": 1.2 * hf_prefill[2]},
-                          0.5 * roof["0.8b"], digests, {"512": 7, "2048": 8, "8192": 9}),
+                          0.5 * roof["0.8b"], digests, {"512": 7, "2048": 8, "8192": 9}, prefill_chunk=2048),
             "hf": entry({"512": hf_prefill[0], "2048": hf_prefill[1], "8192": hf_prefill[2]}, 8.4,
-                        {**digests, "8192": "other prompt"}, {"512": 7, "2048": 3, "8192": 9}),
+                        {**digests, "8192": "other prompt"}, {"512": 7, "2048": 3, "8192": 9}, kernels=kernels,
+                        versions={"transformers": "5.23.0", "fla": "0.6.0", "torch": "t"}),
         },
         "4b": {
             "weight_bytes": weights["4b"], "context": 8192, "state_bytes": state,
             "ours": entry({"512": 1.0, "2048": 1.6 * hf_prefill[1]}, 0.55 * roof["4b"],
-                          {"512": "a", "2048": "b"}, {"512": 1, "2048": 2}),
+                          {"512": "a", "2048": "b"}, {"512": 1, "2048": 2}, prefill_chunk=2048),
             "hf": entry({"512": 1.0, "2048": hf_prefill[1]}, 8.2, {"512": "a", "2048": "b"}, {"512": 1, "2048": 5}),
         },
     }, roof
@@ -362,6 +366,10 @@ def test_report_floor_verdicts(generator, tmp_path):
     hf_row = next(line for line in table.splitlines() if line.startswith(f"| 4b | {e2e_cuda.SYSTEM_LABELS['hf']}"))
     assert "| - | 8.20 |" in hf_row, hf_row  # no 8192 figure
     assert f"0.8b: a decode step reads 1.50 GB of bf16 weights: roofline {roof['0.8b']:.0f} tok/s" in table
+    assert "It takes a prompt in calls of at most 2048 tokens." in table
+    assert ("transformers 5.23.0 with fla-core 0.6.0, its kernel entry points: chunk_gated_delta_rule -> "
+            "fla.ops.gated_delta_rule.chunk.chunk_gated_delta_rule, causal_conv1d_fn -> "
+            "transformers.models.qwen3_5.modeling_qwen3_5.causal_conv1d_fn.") in table
     # First tokens are compared only where both systems had the same prompt: 512 and 2048 at 0.8B, one equal.
     assert "0.8b: the first generated token is transformers' for 1 of 2 prompts" in table
     assert "4b: the first generated token is transformers' for 1 of 2 prompts" in table
