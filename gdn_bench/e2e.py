@@ -1035,7 +1035,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"{','.join(e2e_cuda.DEFAULTS['only'])}, the only ones it takes)")
     parser.add_argument("--prompts", type=_int_list, default=None,
                         help=f"prefill prompt lengths; decode is timed after the first (default "
-                             f"{_csv(CPU_DEFAULTS['prompts'])}, with --device cuda {_csv(e2e_cuda.DEFAULTS['prompts'])})")
+                             f"{_csv(CPU_DEFAULTS['prompts'])}, with --device cuda "
+                             f"{_csv(e2e_cuda.DEFAULTS['prompts'])})")
     parser.add_argument("--executorch-prompts", type=_int_list, default=(128,),
                         help="prompt lengths for ExecuTorch's flow, which prefills one token per call "
                              "(default %(default)s)")

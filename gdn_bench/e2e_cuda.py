@@ -46,7 +46,6 @@ import importlib.util
 import inspect
 import io
 import json
-import math
 import statistics
 import subprocess
 import time
@@ -449,7 +448,8 @@ def transformers_gdn_kernels() -> dict:
 
 def check_fast_path(kernels: dict) -> None:
     """Raise unless transformers' Gated DeltaNet entry points call fla's kernels (its fast path)."""
-    slow = {name: where for name, where in kernels.items() if "gated_delta_rule" in name and not where.startswith("fla.")}
+    slow = {name: where for name, where in kernels.items()
+            if "gated_delta_rule" in name and not where.startswith("fla.")}
     if slow:
         raise RuntimeError(f"transformers runs its PyTorch Gated DeltaNet path, not fla-core's kernels: {slow}")
 

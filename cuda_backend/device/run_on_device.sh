@@ -211,7 +211,8 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
         fi
       fi
       if building; then
-        echo "cuda-bench: a build is still running (pid $(cat "$bench_dir/build.pid")); CUDA_BENCH_MODE=build waits for it"
+        echo "cuda-bench: a build is still running (pid $(cat "$bench_dir/build.pid"));" \
+             "CUDA_BENCH_MODE=build waits for it"
         status=1; continue
       fi
       plot=(); python3 -c "import matplotlib" 2>/dev/null && plot=(--plot "$OUT/cuda_e2e.png")
