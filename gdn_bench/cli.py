@@ -11,11 +11,14 @@ import argparse
 import importlib
 import sys
 
+from gdn_bench import UsageError
+
 SUBCOMMANDS = {
     "cpu": ("gdn_bench.cpu", "the C++ kernel vs ExecuTorch's llama::gated_delta_rule, per token"),
     "cuda": ("gdn_bench.cuda", "the Triton kernels vs fla-core and ExecuTorch's kernels (GPU)"),
     "metal": ("gdn_bench.metal", "the Metal kernels vs the reference (macOS)"),
-    "e2e": ("gdn_bench.e2e", "a Qwen3.5-0.8B-shaped .pte vs transformers and ExecuTorch's own flow"),
+    "e2e": ("gdn_bench.e2e", "a Qwen3.5-shaped .pte end to end: 0.8B on CPU vs transformers, ExecuTorch's own flow "
+                             "and llama.cpp; --device cuda: 0.8B and 4B vs transformers + fla-core"),
 }
 
 
@@ -38,7 +41,11 @@ def main(argv=None) -> int:
     if args.command not in modules:
         print(f"gdn-bench {args.command}: not yet available in this version of gdn-export", file=sys.stderr)
         return 2
-    return modules[args.command].run(args)
+    try:
+        return modules[args.command].run(args)
+    except UsageError as error:
+        print(f"gdn-bench {args.command}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
 """``gdn-bench e2e``: a random-weight Qwen3.5-0.8B-shaped model, end to end on CPU.
 
+``--device cuda`` runs the GPU benchmark instead (``gdn_bench.e2e_cuda``): the
+0.8B and 4B shapes in bf16, our program in ExecuTorch's CUDA runtime against
+transformers with fla-core's kernels. What follows describes the CPU one.
+
 One command builds (or reuses, from ``--workdir``) every artifact and times
 every system on the same weights in the same run:
 
@@ -53,7 +57,7 @@ from typing import Callable, Optional
 
 import torch
 
-from gdn_bench import llama_cpp
+from gdn_bench import UsageError, llama_cpp
 
 SYSTEMS = ("ours", "ours_8da4w", "ours_8da8w", "hf", "executorch")
 # llama.cpp's GGUF files (--llama-cpp), reported after ours.
@@ -100,6 +104,20 @@ QWEN35_0_8B = dict(
     bos_token_id=248045,
     eos_token_id=[248046, 248044],
 )
+# The published Qwen3.5-4B text config (anchors.md; ExecuTorch's examples/models/qwen3_5/config/4b_config.json):
+# wider, 32 layers, twice the attention heads and Gated DeltaNet value heads of the 0.8B.
+QWEN35_4B = dict(
+    QWEN35_0_8B,
+    hidden_size=2560,
+    intermediate_size=9216,
+    num_hidden_layers=32,
+    layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 8,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    linear_num_value_heads=32,
+)
+# The benchmark shapes by name (``--shapes``); the CPU benchmark uses the first.
+SHAPES = {"0.8b": QWEN35_0_8B, "4b": QWEN35_4B}
 # Small enough that 24 residual layers keep activations and logits of order one.
 INIT_STD = 0.02
 ET_MODEL_CLASS = "qwen3_5_0_8b"
@@ -128,10 +146,15 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def qwen35_0_8b_config():
+def qwen35_config(shape: str):
+    """``Qwen3_5TextConfig`` of a benchmark shape (a key of ``SHAPES``)."""
     from transformers import Qwen3_5TextConfig
 
-    return Qwen3_5TextConfig(initializer_range=INIT_STD, **QWEN35_0_8B)
+    return Qwen3_5TextConfig(initializer_range=INIT_STD, **SHAPES[shape])
+
+
+def qwen35_0_8b_config():
+    return qwen35_config("0.8b")
 
 
 def executorch_params(config: dict) -> dict:
@@ -256,18 +279,14 @@ class Workdir:
         write_json(self.builds_path, builds)
         log(f"{name}: {child.seconds:.0f} s, peak RSS {child.peak_rss_bytes / 2**30:.2f} GiB")
 
-    def ensure_checkpoint(self, seed: int) -> None:
-        code = f"from gdn_bench.e2e import build_checkpoint; build_checkpoint({str(self.checkpoint)!r}, {seed})"
+    def ensure_checkpoint(self, seed: int, shape: str = "0.8b", dtype: str = "fp32") -> None:
+        code = (f"from gdn_bench.e2e import build_checkpoint; "
+                f"build_checkpoint({str(self.checkpoint)!r}, {seed}, {shape!r}, {dtype!r})")
         self.build("checkpoint", self.checkpoint, [sys.executable, "-c", code])
 
     def ensure_ours(self, system: str) -> None:
-        quantize = OURS[system]
-        code = (
-            "import sys; from gdn_export import export_qwen35; "
-            "print(export_qwen35(*sys.argv[1:3], backend='xnnpack', dtype='fp32', quantize=sys.argv[3], "
-            "progress=print).describe())"
-        )
-        command = [sys.executable, "-c", code, str(self.checkpoint), str(self.ours[system]), quantize]
+        command = export_command(self.checkpoint, self.ours[system], backend="xnnpack", dtype="fp32",
+                                 quantize=OURS[system])
         self.build(f"export_{system}", self.ours[system], command)
 
     def ensure_executorch(self) -> None:
@@ -309,8 +328,18 @@ class Workdir:
             self.build(f"gguf_{file_type.lower()}", output, command, writes_to=partial)
 
 
-def build_checkpoint(folder: str, seed: int) -> None:
-    """A seeded random-weight Qwen3.5-0.8B-shaped checkpoint with a small byte-level tokenizer, written atomically."""
+def export_command(checkpoint: Path, output: Path, **options) -> list:
+    """The child process that exports ``checkpoint`` to ``output`` with ``export_qwen35(**options)``."""
+    code = (
+        "import json, sys; from gdn_export import export_qwen35; "
+        "print(export_qwen35(*sys.argv[1:3], progress=print, **json.loads(sys.argv[3])).describe())"
+    )
+    return [sys.executable, "-c", code, str(checkpoint), str(output), json.dumps(options)]
+
+
+def build_checkpoint(folder: str, seed: int, shape: str = "0.8b", dtype: str = "fp32") -> None:
+    """A seeded random-weight checkpoint of a benchmark shape (``SHAPES``) with a small byte-level tokenizer,
+    written atomically; ``dtype`` (fp32 or bf16) is how its weights are stored, drawn in fp32 either way."""
     import shutil
     import tempfile
 
@@ -320,7 +349,8 @@ def build_checkpoint(folder: str, seed: int) -> None:
 
     folder = Path(folder)
     torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(qwen35_0_8b_config()).eval()
+    model = Qwen3_5ForCausalLM(qwen35_config(shape)).eval()
+    model = model.to({"fp32": torch.float32, "bf16": torch.bfloat16}[dtype])
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     try:
         staging.chmod(0o755)
@@ -349,10 +379,11 @@ class Plan:
 class HFSession:
     """transformers eager with its own cache: the reset/feed surface of ProgramRunner."""
 
-    def __init__(self, checkpoint: Path):
+    def __init__(self, checkpoint: Path, dtype: torch.dtype = torch.float32, device: str = "cpu"):
         from transformers import Qwen3_5ForCausalLM
 
-        self.model = Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+        self.device = torch.device(device)
+        self.model = Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=dtype).to(self.device).eval()
         self.cache = None
 
     def reset(self) -> None:
@@ -361,8 +392,11 @@ class HFSession:
     def feed(self, tokens: list) -> torch.Tensor:
         with torch.inference_mode():
             output = self.model(
-                input_ids=torch.tensor([tokens]), past_key_values=self.cache, use_cache=True, logits_to_keep=1
+                input_ids=torch.tensor([tokens], device=self.device), past_key_values=self.cache, use_cache=True,
+                logits_to_keep=1,
             )
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # launches are asynchronous: a timed feed ends when its work does
         self.cache = output.past_key_values
         return output.logits[0, -1]
 
@@ -748,17 +782,22 @@ def interleaved_decode(artifacts: dict, plan: Plan, rounds: int, steps: int) -> 
 # Memory floor: weight bytes read per decoded token over the copy bandwidth.
 
 
-def memory_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 5) -> dict:
-    """Best-of-``repeats`` bandwidth of a large tensor copy (bytes read + written) and of a sum (bytes read)."""
+def memory_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 5, device: str = "cpu") -> dict:
+    """Best-of-``repeats`` bandwidth of a large tensor copy (bytes read + written) and of a sum (bytes read),
+    in the memory of ``device`` (``cuda``: the GPU's, each timing ending when the GPU's work does)."""
     torch.set_num_threads(threads)
-    source = torch.ones(nbytes // 4)
+    source = torch.ones(nbytes // 4, device=device)
     target = torch.empty_like(source)
+    synchronize = torch.cuda.synchronize if source.is_cuda else (lambda: None)
 
     def best_seconds(work: Callable[[], object]) -> float:
+        work()  # the first call pays for the kernel's loading, on a GPU
         best = math.inf
         for _ in range(repeats):
+            synchronize()
             started = time.perf_counter()
             work()
+            synchronize()
             best = min(best, time.perf_counter() - started)
         return best
 
@@ -976,17 +1015,34 @@ def _optional_systems(text: str) -> tuple:
     return _systems(text) if text.strip() else ()
 
 
+# The defaults of the options both devices take; None in the parser, so that run() can tell them from a choice.
+CPU_DEFAULTS = {"workdir": Path("build/e2e"), "only": SYSTEMS, "prompts": (128, 512, 2048), "decode_steps": 32}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workdir", type=Path, default=Path("build/e2e"),
-                        help="artifacts and results, reused across runs (default %(default)s)")
-    parser.add_argument("--only", type=_systems, default=SYSTEMS,
-                        help=f"systems to build and time this run, comma-separated (default {','.join(SYSTEMS)})")
-    parser.add_argument("--prompts", type=_int_list, default=(128, 512, 2048),
-                        help="prefill prompt lengths (default %(default)s)")
+    from gdn_bench import e2e_cuda
+
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: the 0.8B shape against transformers, ExecuTorch's flow and llama.cpp; cuda: "
+                             "the 0.8B and 4B shapes in bf16 through ExecuTorch's CUDA runtime against transformers "
+                             "with fla-core (gdn_bench/e2e_cuda.py) (default %(default)s)")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help=f"artifacts and results, reused across runs (default {CPU_DEFAULTS['workdir']}, "
+                             f"with --device cuda {e2e_cuda.DEFAULTS['workdir']})")
+    parser.add_argument("--only", type=_systems, default=None,
+                        help=f"systems to build and time this run, comma-separated (default "
+                             f"{','.join(CPU_DEFAULTS['only'])}; with --device cuda "
+                             f"{','.join(e2e_cuda.DEFAULTS['only'])}, the only ones it takes)")
+    parser.add_argument("--prompts", type=_int_list, default=None,
+                        help=f"prefill prompt lengths; decode is timed after the first (default "
+                             f"{_csv(CPU_DEFAULTS['prompts'])}, with --device cuda "
+                             f"{_csv(e2e_cuda.DEFAULTS['prompts'])})")
     parser.add_argument("--executorch-prompts", type=_int_list, default=(128,),
                         help="prompt lengths for ExecuTorch's flow, which prefills one token per call "
                              "(default %(default)s)")
-    parser.add_argument("--decode-steps", type=int, default=32, help="timed decode steps (default %(default)s)")
+    parser.add_argument("--decode-steps", type=int, default=None,
+                        help=f"timed decode steps (default {CPU_DEFAULTS['decode_steps']}, with --device cuda "
+                             f"{e2e_cuda.DEFAULTS['decode_steps']})")
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="threads for every system (default: the CPU count, %(default)s); on a busy machine "
                              "fewer threads than cores avoids threads waiting on each other")
@@ -1018,23 +1074,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--prompt-cache: tokens of each question after it (default %(default)s)")
     parser.add_argument("--cache-rounds", type=int, default=3,
                         help="--prompt-cache: questions timed, cached and uncached; medians (default %(default)s)")
+    e2e_cuda.add_arguments(parser)
+
+
+def _csv(values: tuple) -> str:
+    return ",".join(map(str, values))
+
+
+def apply_defaults(args, defaults: dict) -> None:
+    """Give the options left unset (None) the device's defaults."""
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def run(args) -> int:
+    from gdn_bench import e2e_cuda
+
+    if args.device == "cuda":
+        return e2e_cuda.run(args)
+    given = [flag for name, flag in e2e_cuda.CUDA_ONLY.items() if getattr(args, name) not in (None, False)]
+    if given:
+        raise UsageError(f"{given[0]} applies to --device cuda only")
+    apply_defaults(args, CPU_DEFAULTS)
     if args.decode_steps < 1:
-        raise ValueError(f"--decode-steps must be >= 1, got {args.decode_steps}")
+        raise UsageError(f"--decode-steps must be >= 1, got {args.decode_steps}")
     if args.interleave_rounds < 1:
-        raise ValueError(f"--interleave-rounds must be >= 1, got {args.interleave_rounds}")
+        raise UsageError(f"--interleave-rounds must be >= 1, got {args.interleave_rounds}")
     if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.llama_repetitions < 1:
-        raise ValueError(f"--llama-repetitions must be >= 1, got {args.llama_repetitions}")
+        raise UsageError(f"--llama-repetitions must be >= 1, got {args.llama_repetitions}")
     if args.plot is not None and args.plot.suffix != ".png":
-        raise ValueError(f"--plot must name a .png file, got {args.plot}")
+        raise UsageError(f"--plot must name a .png file, got {args.plot}")
     for flag, value in (("--cache-prefix", args.cache_prefix), ("--cache-question", args.cache_question),
                         ("--cache-rounds", args.cache_rounds)):
         if value < 1:
-            raise ValueError(f"{flag} must be >= 1, got {value}")
+            raise UsageError(f"{flag} must be >= 1, got {value}")
     workdir = Workdir(args.workdir)
     workdir.ensure_checkpoint(args.seed)
     if args.prompt_cache:

@@ -409,7 +409,47 @@ def test_runner_random_prompt_ignoring_eos_generates_the_whole_budget(runner_bin
     assert len(expected) == MAX_NEW_TOKENS
 
 
-@pytest.mark.parametrize("flag", ["--prefill-chunk", "--random-prompt-tokens"])
+def timings_lines(stderr: str) -> list:
+    return [json.loads(line[len("timings: "):]) for line in stderr.splitlines() if line.startswith("timings: ")]
+
+
+def test_runner_runs_repeat_the_generation_from_position_zero_with_a_timings_line_each(
+        runner_binary, llm_program, qwen_tokenizer_path, seed):
+    path, prompt_ids, _, _ = llm_program
+    runs, chunk = 3, 3
+    result = run_binary([runner_binary, "--model", path, "--tokenizer", qwen_tokenizer_path, "--prompt", PROMPT,
+                         "--max-new-tokens", MAX_NEW_TOKENS, "--ignore-eos", "--temperature", "0",
+                         "--prefill-chunk", chunk, "--runs", runs, "--timings-json", "--print-token-ids"])
+    assert result.returncode == 0, f"seed {seed}: {result.stderr}"
+    # Each run starts a new sequence, so each generates what one run from an empty state does.
+    expected = executorch_greedy(path, prompt_ids, eos_ids=set())
+    generated = [[int(t) for t in line.split(":")[1].split()] for line in result.stderr.splitlines()
+                 if line.startswith("generated token ids:")]
+    assert generated == [expected] * runs, f"seed {seed}: {generated} vs {expected}"
+    timings = timings_lines(result.stderr)
+    assert [t["run"] for t in timings] == list(range(runs)), result.stderr
+    human = re.findall(r"^prefill: (\d+) tokens in ([\d.]+) ms", result.stderr, flags=re.M)
+    decode = re.findall(r"^decode: (\d+) tokens \((\d+) steps\) in ([\d.]+) ms", result.stderr, flags=re.M)
+    assert len(human) == len(decode) == runs, result.stderr
+    for entry, (tokens, prefill_ms), (new_tokens, steps, decode_ms) in zip(timings, human, decode):
+        assert entry["prompt_tokens"] == int(tokens) == len(prompt_ids)
+        assert entry["prefill_calls"] == -(-len(prompt_ids) // chunk)
+        assert entry["generated_tokens"] == int(new_tokens) == len(expected)
+        assert entry["decode_steps"] == int(steps) == len(expected) - 1
+        # The JSON line's seconds are the human lines' milliseconds, unrounded.
+        assert abs(1e3 * entry["prefill_seconds"] - float(prefill_ms)) <= 0.05 + 1e-9, (entry, prefill_ms)
+        assert abs(1e3 * entry["decode_seconds"] - float(decode_ms)) <= 0.05 + 1e-9, (entry, decode_ms)
+        assert entry["prefill_seconds"] > 0 and entry["decode_seconds"] > 0 and entry["load_seconds"] > 0
+    assert len({t["load_seconds"] for t in timings}) == 1  # one load, before the runs
+
+
+def test_runner_prints_no_timings_line_unless_asked(runner_binary, llm_program, qwen_tokenizer_path):
+    result = run_runner(runner_binary, llm_program[0], qwen_tokenizer_path, "--temperature", "0", "--runs", 2)
+    assert result.returncode == 0, result.stderr
+    assert not timings_lines(result.stderr) and result.stderr.count("prefill:") == 2
+
+
+@pytest.mark.parametrize("flag", ["--prefill-chunk", "--random-prompt-tokens", "--runs"])
 def test_runner_refuses_counts_below_one(runner_binary, llm_program, qwen_tokenizer_path, flag):
     result = run_binary([runner_binary, "--model", llm_program[0], "--tokenizer", qwen_tokenizer_path,
                          "--prompt", "hi", flag, "0"])

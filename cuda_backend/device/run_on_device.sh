@@ -27,12 +27,31 @@
 #            runtime; with a prefill method the prompt is fed in its chunks, in chunks of 3 and one token
 #            at a time (CPP_FEEDS: a subset of whole chunk3 decode-only); each run's greedy token ids must
 #            equal transformers' generate (fp32, GPU)
+#   cuda-bench: gdn-bench e2e --device cuda (issue 17) on the shapes of CUDA_BENCH_SHAPES (default 0.8b; also 4b,
+#            comma-separated), in CUDA_BENCH_WORKDIR (default build/e2e_cuda, git-ignored: kept between calls on a
+#            warm machine, which goes back after 30 s idle, so send the next call at once). CUDA_BENCH_MODE:
+#              build: ExecuTorch's CUDA runtime (from EXECUTORCH_SRC, as e2e), the C++ runner, and each shape's
+#                checkpoint and .pte + .ptd (--build-only), in a process of its own session: an export may outlast
+#                the 10-minute call, and this one runs on; the call waits for it CUDA_BENCH_WAIT_S seconds (default:
+#                until 560 s into the call), and a later build call waits for the same build again
+#              time: times what was built (--time-only; refused while a build runs, so the timings have the GPU
+#                alone): $OUT/cuda_e2e.md, cuda_e2e.png (where matplotlib is), results.json, cuda_bench.log
+#              build-time (default): build, then time in the same call if the build is done with at least
+#                CUDA_BENCH_TIME_S (default 300) seconds of the call left
+#            CUDA_BENCH_ARGS adds gdn-bench e2e options to both (the same in each call: the program's folder is
+#            named after --prompts, --decode-steps and --prefill-chunk)
 # WHEELS names the wheel folder (default .whl).
 set -uo pipefail
 OUT=${OUT:-build/cuda_device}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    "${WHEELS:-.whl}"/*.whl || exit 1
+# Installed once per machine and set of wheels: cuda-bench's build outlives its call and imports from
+# /tmp/site as it goes, so reinstalling under it would swap its files mid-run.
+wheels_id=$(ls -l "${WHEELS:-.whl}"/*.whl 2>/dev/null | awk '{print $5, $NF}' | md5sum | cut -c1-32)
+if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "$wheels_id" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      "${WHEELS:-.whl}"/*.whl || exit 1
+  mkdir -p /tmp/site && echo "$wheels_id" > /tmp/site/.wheels
+fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/device.txt"
@@ -138,6 +157,70 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
             2>> "$OUT/probe_compare.log" || status=1
       done
       echo "prefill-probe in $((SECONDS - started)) s" ;;
+    cuda-bench)
+      bench_dir=${CUDA_BENCH_WORKDIR:-build/e2e_cuda}
+      shapes=${CUDA_BENCH_SHAPES:-0.8b}
+      mode=${CUDA_BENCH_MODE:-build-time}
+      case "$mode" in
+        build|time|build-time) ;;
+        *) echo "cuda-bench: CUDA_BENCH_MODE must be build, time or build-time, got $mode"; status=1; continue ;;
+      esac
+      mkdir -p "$bench_dir"
+      building() { [ -f "$bench_dir/build.pid" ] && kill -0 "$(cat "$bench_dir/build.pid")" 2>/dev/null; }
+      if [ "$mode" != time ]; then
+        if building; then
+          echo "cuda-bench: joining the build in progress (pid $(cat "$bench_dir/build.pid"))"
+        else
+          rm -f "$bench_dir/build.status"
+          # setsid: its own session, so it is not killed when the call returns. It records its pid, then its
+          # exit status, and removes the pid file (a pid reused later must not look like this build).
+          setsid bash -c 'echo $$ > "$1/build.pid"
+            { python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
+              && python3 -m examples.cpp_runner.build \
+              && python3 -m gdn_bench.cli e2e --device cuda --workdir "$1" --shapes "$2" --build-only $3
+            } > "$1/build.log" 2>&1
+            echo $? > "$1/build.status"; rm -f "$1/build.pid"' bash "$bench_dir" "$shapes" "${CUDA_BENCH_ARGS:-}" \
+            < /dev/null &
+          echo "cuda-bench: building $shapes (log $bench_dir/build.log)"
+        fi
+        wait_until=$((SECONDS + ${CUDA_BENCH_WAIT_S:-$((560 - SECONDS))}))
+        seen_pid=0 died=0
+        while [ ! -f "$bench_dir/build.status" ] && [ "$SECONDS" -lt "$wait_until" ]; do
+          sleep 5
+          building && seen_pid=1
+          # It ran and is gone without a status: killed.
+          [ $seen_pid = 1 ] && ! building && [ ! -f "$bench_dir/build.status" ] && { died=1; break; }
+        done
+        grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$bench_dir/build.log" | tail -25
+        cp "$bench_dir/build.log" "$OUT/cuda_bench_build.log"
+        for shape in ${shapes//,/ }; do cp "$bench_dir/$shape/builds.json" "$OUT/builds_$shape.json" 2>/dev/null; done
+        if [ -f "$bench_dir/build.status" ]; then
+          echo "cuda-bench: the build exited with $(cat "$bench_dir/build.status"), $SECONDS s into this call"
+          [ "$(cat "$bench_dir/build.status")" = 0 ] || { status=1; continue; }
+        elif [ $died = 1 ]; then
+          echo "cuda-bench: the build was killed before it finished (its log is above)"
+          rm -f "$bench_dir/build.pid"; status=1; continue
+        else
+          echo "cuda-bench: still building $SECONDS s into this call; call cuda-bench again at once to wait on"
+          continue
+        fi
+        if [ "$mode" = build ]; then continue; fi
+        if [ $((590 - SECONDS)) -lt "${CUDA_BENCH_TIME_S:-300}" ]; then
+          echo "cuda-bench: built, too little of this call left to time; call CUDA_BENCH_MODE=time at once"
+          continue
+        fi
+      fi
+      if building; then
+        echo "cuda-bench: a build is still running (pid $(cat "$bench_dir/build.pid"));" \
+             "CUDA_BENCH_MODE=build waits for it"
+        status=1; continue
+      fi
+      plot=(); python3 -c "import matplotlib" 2>/dev/null && plot=(--plot "$OUT/cuda_e2e.png")
+      # Stopped before the call's limit, so the files below still come back; results.json grows system by system.
+      timeout --signal=INT $((590 - SECONDS)) python3 -m gdn_bench.cli e2e --device cuda --workdir "$bench_dir" \
+          --shapes "$shapes" --time-only --markdown "$OUT/cuda_e2e.md" "${plot[@]}" ${CUDA_BENCH_ARGS:-} 2>&1 \
+          | grep -v "^W1\|Warning" | tee "$OUT/cuda_bench.log" || status=1
+      cp "$bench_dir/results.json" "$OUT/" 2>/dev/null ;;
     bench)
       python3 -m gdn_bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
           --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;

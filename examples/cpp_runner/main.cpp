@@ -4,6 +4,7 @@
 //                  [--max-new-tokens N] [--temperature T] [--seed S]
 //                  [--data weights.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]
 //                  [--prefill-chunk N] [--random-prompt-tokens N] [--ignore-eos]
+//                  [--runs N] [--timings-json]
 //
 // The program's "forward(tokens int64 [1, T], input_pos int64 [1])" returns
 // logits [1, T or 1, vocab] and keeps its caches and recurrent states in
@@ -13,7 +14,8 @@
 // the prompt in chunks of the program's get_max_seq_len, then decode one token
 // at a time until an id from get_eos_ids, --max-new-tokens or the end of the
 // context (get_max_context_len). Text streams to stdout as it is generated;
-// timings go to stderr.
+// timings go to stderr. --runs repeats the whole generation from position 0
+// in the same process (benchmarks: the first run pays for lazy loading).
 
 #include <algorithm>
 #include <chrono>
@@ -74,9 +76,12 @@ constexpr const char* kUsage =
     "                      [--max-new-tokens N (128)] [--temperature T (0: greedy)] [--seed S]\n"
     "                      [--data WEIGHTS.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]\n"
     "                      [--prefill-chunk N (the program's largest)] [--random-prompt-tokens N] [--ignore-eos]\n"
+    "                      [--runs N (1)] [--timings-json]\n"
     "  --prefill-chunk N: feed the prompt N tokens per call at most (1: the decode method only)\n"
     "  --random-prompt-tokens N: a prompt of N token ids drawn from --seed instead of --prompt (benchmarks)\n"
-    "  --ignore-eos: generate --max-new-tokens whatever the program's EOS ids (benchmarks)\n";
+    "  --ignore-eos: generate --max-new-tokens whatever the program's EOS ids (benchmarks)\n"
+    "  --runs N: generate N times from position 0 with the same prompt, each run timed (benchmarks)\n"
+    "  --timings-json: also one 'timings: {...}' JSON line per run on stderr, seconds unrounded\n";
 
 struct Options {
   std::string model_path;
@@ -92,6 +97,8 @@ struct Options {
   std::optional<int64_t> prefill_chunk;
   std::optional<int64_t> random_prompt_tokens;
   bool ignore_eos = false;
+  int64_t runs = 1;
+  bool timings_json = false;
 };
 
 bool is_file(const std::string& path) {
@@ -126,9 +133,11 @@ Options parse_options(int argc, char** argv) {
       std::cout << kUsage;
       std::exit(0);
     }
-    if (name == "--print-token-ids" || name == "--verbose" || name == "--ignore-eos") {
-      (name == "--verbose" ? options.verbose : name == "--ignore-eos" ? options.ignore_eos : options.print_token_ids) =
-          true;
+    if (name == "--print-token-ids" || name == "--verbose" || name == "--ignore-eos" || name == "--timings-json") {
+      (name == "--verbose"        ? options.verbose
+       : name == "--ignore-eos"   ? options.ignore_eos
+       : name == "--timings-json" ? options.timings_json
+                                  : options.print_token_ids) = true;
       continue;
     }
     std::string value;
@@ -159,6 +168,8 @@ Options parse_options(int argc, char** argv) {
       options.seed = parse_number<uint64_t>(name, value);
     } else if (name == "--prefill-chunk") {
       options.prefill_chunk = parse_number<int64_t>(name, value);
+    } else if (name == "--runs") {
+      options.runs = parse_number<int64_t>(name, value);
     } else if (name == "--random-prompt-tokens") {
       options.random_prompt_tokens = parse_number<int64_t>(name, value);
       have_prompt = true;
@@ -171,6 +182,9 @@ Options parse_options(int argc, char** argv) {
   }
   if (options.random_prompt_tokens && *options.random_prompt_tokens < 1) {
     throw UsageError("--random-prompt-tokens must be at least 1, got " + std::to_string(*options.random_prompt_tokens));
+  }
+  if (options.runs < 1) {
+    throw UsageError("--runs must be at least 1, got " + std::to_string(options.runs));
   }
   if (options.prefill_chunk && *options.prefill_chunk < 1) {
     throw UsageError("--prefill-chunk must be at least 1, got " + std::to_string(*options.prefill_chunk));
@@ -287,6 +301,8 @@ class LlmProgram {
   // With --verbose, each call's method, length, position and logits shape go to stderr.
   void trace_calls(bool on) { trace_calls_ = on; }
   int64_t position() const { return position_; }
+  // Start a new sequence: the program restarts its caches and states when fed at position 0.
+  void reset() { position_ = 0; }
   const std::set<int64_t>& eos_ids() const { return eos_ids_; }
 
   // Runs `tokens` from the current position; returns the last position's logits.
@@ -430,8 +446,9 @@ int run(const Options& options) {
   }
   const auto tokenizer = gdn_runner::BpeTokenizer::from_file(options.tokenizer_path);
   LlmProgram program(options.model_path, options.data_path);
+  const double load_seconds = seconds_since(started);
   std::fprintf(stderr, "loaded %s and %s in %.0f ms\n", options.model_path.c_str(), options.tokenizer_path.c_str(),
-               1e3 * seconds_since(started));
+               1e3 * load_seconds);
 
   std::mt19937_64 generator(options.seed ? *options.seed : std::random_device{}());
   if (options.prefill_chunk) {
@@ -453,41 +470,55 @@ int run(const Options& options) {
                      std::to_string(program.max_context()));
   }
 
-  std::cout << options.prompt << std::flush;
-  started = std::chrono::steady_clock::now();
-  std::vector<float> logits = program.feed(prompt_ids);
-  const double prefill_seconds = seconds_since(started);
-
-  // The first new token comes from the prefill's logits, so only the tokens
-  // after it need a decode step (and the last one never needs feeding).
-  const int64_t budget = std::min(options.max_new_tokens, program.max_context() - program.position() + 1);
-  std::vector<int64_t> generated;
-  gdn_runner::Utf8Stream text;
-  double decode_seconds = 0.0;
-  while (true) {
-    const int64_t token = sample(logits, options.temperature, generator);
-    generated.push_back(token);
-    if (!options.ignore_eos && program.eos_ids().count(token)) {
-      break;
-    }
-    std::cout << text.push(tokenizer.token_bytes(token)) << std::flush;
-    if (static_cast<int64_t>(generated.size()) == budget) {
-      break;
-    }
+  for (int64_t run = 0; run < options.runs; ++run) {
+    program.reset();
+    std::cout << options.prompt << std::flush;
     started = std::chrono::steady_clock::now();
-    logits = program.feed({token});
-    decode_seconds += seconds_since(started);
-  }
-  std::cout << text.finish() << std::endl;
+    std::vector<float> logits = program.feed(prompt_ids);
+    const double prefill_seconds = seconds_since(started);
 
-  const size_t decode_steps = generated.size() - 1;
-  std::fprintf(stderr, "prefill: %zu tokens in %.1f ms, %.1f tok/s\n", prompt_ids.size(), 1e3 * prefill_seconds,
-               prompt_ids.size() / prefill_seconds);
-  std::fprintf(stderr, "decode: %zu tokens (%zu steps) in %.1f ms, %.1f tok/s\n", generated.size(), decode_steps,
-               1e3 * decode_seconds, decode_steps > 0 ? decode_steps / decode_seconds : 0.0);
-  if (options.print_token_ids) {
-    print_ids("prompt token ids:", prompt_ids);
-    print_ids("generated token ids:", generated);
+    // The first new token comes from the prefill's logits, so only the tokens
+    // after it need a decode step (and the last one never needs feeding).
+    const int64_t budget = std::min(options.max_new_tokens, program.max_context() - program.position() + 1);
+    std::vector<int64_t> generated;
+    gdn_runner::Utf8Stream text;
+    double decode_seconds = 0.0;
+    while (true) {
+      const int64_t token = sample(logits, options.temperature, generator);
+      generated.push_back(token);
+      if (!options.ignore_eos && program.eos_ids().count(token)) {
+        break;
+      }
+      std::cout << text.push(tokenizer.token_bytes(token)) << std::flush;
+      if (static_cast<int64_t>(generated.size()) == budget) {
+        break;
+      }
+      started = std::chrono::steady_clock::now();
+      logits = program.feed({token});
+      decode_seconds += seconds_since(started);
+    }
+    std::cout << text.finish() << std::endl;
+
+    const size_t decode_steps = generated.size() - 1;
+    std::fprintf(stderr, "prefill: %zu tokens in %.1f ms, %.1f tok/s\n", prompt_ids.size(), 1e3 * prefill_seconds,
+                 prompt_ids.size() / prefill_seconds);
+    std::fprintf(stderr, "decode: %zu tokens (%zu steps) in %.1f ms, %.1f tok/s\n", generated.size(), decode_steps,
+                 1e3 * decode_seconds, decode_steps > 0 ? decode_steps / decode_seconds : 0.0);
+    if (options.timings_json) {
+      // The lines above round to 0.1 ms, too coarse for a short prefill on a GPU; a benchmark reads this one.
+      const int64_t prefill_calls = (static_cast<int64_t>(prompt_ids.size()) + program.max_chunk() - 1) /
+                                    program.max_chunk();
+      std::fprintf(stderr,
+                   "timings: {\"run\": %lld, \"load_seconds\": %.9g, \"prompt_tokens\": %zu, \"prefill_calls\": %lld, "
+                   "\"prefill_seconds\": %.9g, \"generated_tokens\": %zu, \"decode_steps\": %zu, "
+                   "\"decode_seconds\": %.9g}\n",
+                   static_cast<long long>(run), load_seconds, prompt_ids.size(), static_cast<long long>(prefill_calls),
+                   prefill_seconds, generated.size(), decode_steps, decode_seconds);
+    }
+    if (options.print_token_ids) {
+      print_ids("prompt token ids:", prompt_ids);
+      print_ids("generated token ids:", generated);
+    }
   }
   return 0;
 }
