@@ -8,6 +8,7 @@ C++ kernel, and every figure is compared with transformers on the same folder.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -295,3 +296,32 @@ def test_tied_8bit_table_is_stored_once(exported, generator, quantize):
     tokens = fresh_prompt(3, generator) + [embedding.shape[0]]
     with pytest.raises(RuntimeError):
         forward.execute([torch.tensor([tokens]), torch.tensor([0])])
+
+
+def test_freed_heap_memory_goes_back_to_the_system():
+    """return_freed_memory (called at each export stage) hands back heap pages that frees left mapped.
+
+    Interleaved small blocks (below glibc's mmap threshold, so they live in the heap) are freed every other
+    one: the heap cannot shrink from its top, so the resident size stays up until the trim.
+    """
+    import platform
+
+    from gdn_export.export import _malloc_trim, return_freed_memory
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        pytest.fail(f"this check is written for glibc on Linux, not {platform.system()} {platform.libc_ver()}")
+    assert _malloc_trim() is not None
+
+    def resident_bytes() -> int:
+        return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    block = 64 * 1024
+    blocks = [torch.empty(block, dtype=torch.uint8).fill_(index % 251) for index in range(8192)]
+    kept = blocks[::2]
+    del blocks
+    before = resident_bytes()
+    return_freed_memory()
+    after = resident_bytes()
+    freed = 4096 * block  # 256 MiB, in 64 KiB holes between the kept blocks
+    assert before - after >= 0.5 * freed, f"resident {before / 2**20:.0f} -> {after / 2**20:.0f} MiB"
+    assert all(int(tensor[0]) == (2 * index) % 251 for index, tensor in enumerate(kept))
