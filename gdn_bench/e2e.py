@@ -952,41 +952,55 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Opti
     return "\n".join(lines)
 
 
-def plot(results: dict, prompts: tuple, floor: dict, path: Path) -> None:
-    """Grouped bars (log scale): tok/s of each system at each prefill length and for decode, with the decode floor."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def draw_rates(axes, rows: dict, prompts: tuple, line: Optional[tuple] = None) -> None:
+    """Grouped bars on ``axes`` (log scale): ``rows`` maps a label to its results entry (``prefill_tok_s`` by
+    prompt, ``decode_tok_s``); ``line`` = (tok/s, label) is drawn across the decode group."""
     from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     measures = [f"prefill {p}" for p in prompts] + ["decode"]
-    systems = [s for s in REPORTED if s in results]
-    width = 0.8 / max(len(systems), 1)
-    figure, axes = plt.subplots(figsize=(10, 5))
-    for index, system in enumerate(systems):
-        entry = results[system]
+    width = 0.8 / max(len(rows), 1)
+    for index, (label, entry) in enumerate(rows.items()):
         values = [entry["prefill_tok_s"].get(str(p)) for p in prompts] + [entry.get("decode_tok_s")]
-        positions = [m + (index - (len(systems) - 1) / 2) * width for m in range(len(measures))]
-        bars = axes.bar(positions, [v or 0 for v in values], width, label=SYSTEM_LABELS[system])
+        positions = [m + (index - (len(rows) - 1) / 2) * width for m in range(len(measures))]
+        bars = axes.bar(positions, [v or 0 for v in values], width, label=label)
         axes.bar_label(bars, labels=[format_rate(v) if v else "" for v in values], fontsize=7)
-    decode = len(measures) - 1
-    axes.hlines(floor["floor_tok_s"], decode - 0.45, decode + 0.45, colors="black", linestyles="dashed",
-                label=f"fp32 decode memory floor ({floor['floor_tok_s']:.1f} tok/s)")
+    if line is not None:
+        decode = len(measures) - 1
+        axes.hlines(line[0], decode - 0.45, decode + 0.45, colors="black", linestyles="dashed", label=line[1])
     axes.set_xticks(range(len(measures)), measures)
     axes.set_yscale("log")
     axes.yaxis.set_major_formatter(ScalarFormatter())
     axes.yaxis.set_minor_formatter(NullFormatter())
     axes.set_ylabel("tokens / s (log scale)")
-    threads = sorted({str(results[s].get("threads", "?")) for s in systems})
-    axes.set_title(f"Qwen3.5-0.8B shape, random weights, CPU, {'/'.join(threads)} thread(s)")
     axes.legend(fontsize=8)
+
+
+def save_figure(figure, path: Path) -> None:
+    """``figure`` as a PNG at ``path``, written atomically, and closed."""
+    import matplotlib.pyplot as plt
+
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     png = io.BytesIO()
     figure.savefig(png, format="png", dpi=120)
     write_atomically(path, png.getvalue())
     plt.close(figure)
+
+
+def plot(results: dict, prompts: tuple, floor: dict, path: Path) -> None:
+    """Grouped bars (log scale): tok/s of each system at each prefill length and for decode, with the decode floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = [s for s in REPORTED if s in results]
+    figure, axes = plt.subplots(figsize=(10, 5))
+    draw_rates(axes, {SYSTEM_LABELS[system]: results[system] for system in systems}, prompts,
+               (floor["floor_tok_s"], f"fp32 decode memory floor ({floor['floor_tok_s']:.1f} tok/s)"))
+    threads = sorted({str(results[s].get("threads", "?")) for s in systems})
+    axes.set_title(f"Qwen3.5-0.8B shape, random weights, CPU, {'/'.join(threads)} thread(s)")
+    save_figure(figure, path)
 
 
 # ---------------------------------------------------------------------------

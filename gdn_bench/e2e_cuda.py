@@ -44,7 +44,6 @@ import argparse
 import hashlib
 import importlib.util
 import inspect
-import io
 import json
 import statistics
 import subprocess
@@ -626,40 +625,17 @@ def plot(results: dict, prompts: tuple, shapes: tuple, path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     shown = [shape for shape in shapes if any(system in results.get(shape, {}) for system in SYSTEMS)]
     figure, panels = plt.subplots(1, max(len(shown), 1), figsize=(6 * max(len(shown), 1), 5), squeeze=False)
-    measures = [f"prefill {p}" for p in prompts] + ["decode"]
     for axes, shape in zip(panels[0], shown):
         entry = results[shape]
-        systems = [system for system in SYSTEMS if system in entry]
-        width = 0.8 / len(systems)
-        for index, system in enumerate(systems):
-            values = [entry[system]["prefill_tok_s"].get(str(p)) for p in prompts] + [entry[system].get("decode_tok_s")]
-            positions = [m + (index - (len(systems) - 1) / 2) * width for m in range(len(measures))]
-            bars = axes.bar(positions, [v or 0 for v in values], width, label=SYSTEM_LABELS[system])
-            axes.bar_label(bars, labels=[e2e.format_rate(v) if v else "" for v in values], fontsize=7)
         bound = roofline(results, shape)
-        if bound:
-            decode = len(measures) - 1
-            axes.hlines(bound, decode - 0.45, decode + 0.45, colors="black", linestyles="dashed",
-                        label=f"decode roofline ({bound:.0f} tok/s)")
-        axes.set_xticks(range(len(measures)), measures)
-        axes.set_yscale("log")
-        axes.yaxis.set_major_formatter(ScalarFormatter())
-        axes.yaxis.set_minor_formatter(NullFormatter())
-        axes.set_ylabel("tokens / s (log scale)")
+        rows = {SYSTEM_LABELS[system]: entry[system] for system in SYSTEMS if system in entry}
+        e2e.draw_rates(axes, rows, prompts, (bound, f"decode roofline ({bound:.0f} tok/s)") if bound else None)
         axes.set_title(f"Qwen3.5-{shape.upper()} shape, random {DTYPE} weights")
-        axes.legend(fontsize=8)
-    device = results.get("device", {}).get("name", "GPU")
-    figure.suptitle(device)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    png = io.BytesIO()
-    figure.savefig(png, format="png", dpi=120)
-    e2e.write_atomically(path, png.getvalue())
-    plt.close(figure)
+    figure.suptitle(results.get("device", {}).get("name", "GPU"))
+    e2e.save_figure(figure, path)
 
 
 # ---------------------------------------------------------------------------
