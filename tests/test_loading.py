@@ -268,6 +268,7 @@ def test_layers_are_transformed_as_they_are_read(tmp_path, seed):
     assert len(seen) == len(layers)  # the tied output head is quantized as a layer of its own
     assert {id(m) for m in seen} == {id(m) for m in layers.values()}
     assert model.lm_head.weight is not model.embed_tokens.weight
+    fitted = plain = 0.0
     for name, quantized in layers.items():
         expected = reference[name].weight
         error = quantized.weight.dequantize() - expected
@@ -275,13 +276,18 @@ def test_layers_are_transformed_as_they_are_read(tmp_path, seed):
             # 8 bits, one scale a row: within half a step (row max / 127) of the float weight.
             half_step = expected.abs().amax(dim=1, keepdim=True) / 254
             assert (error.abs() <= half_step * 1.001 + 1e-7).all(), name
-        else:
-            # 4 bits in groups of 32 with HQQ's scales: a smaller squared error than the group's
-            # max-abs scale (max / 7.5, values clamped to -8..7) gives, computed here.
-            groups = expected.reshape(-1, 32)
-            scale = groups.abs().amax(dim=1, keepdim=True) / 7.5
-            plain = (torch.clamp(torch.round(groups / scale), -8, 7) * scale).reshape(expected.shape)
-            assert error.square().sum() < (plain - expected).square().sum(), name
+            continue
+        # 4 bits in groups of 32 with HQQ's fitted scales, against the group's max-abs scale (max / 7.5,
+        # values clamped to -8..7), computed here: HQQ minimizes its own objective, not each layer's
+        # squared error, so a small layer may come out slightly worse (up to 1.005x in 12 seeds), the
+        # whole model clearly better (0.87 to 0.88 of the squared error).
+        groups = expected.reshape(-1, 32)
+        scale = groups.abs().amax(dim=1, keepdim=True) / 7.5
+        rounded = (torch.clamp(torch.round(groups / scale), -8, 7) * scale).reshape(expected.shape)
+        layer_fitted, layer_plain = error.square().sum().item(), (rounded - expected).square().sum().item()
+        assert layer_fitted < 1.1 * layer_plain, name
+        fitted, plain = fitted + layer_fitted, plain + layer_plain
+    assert fitted < 0.95 * plain
 
 
 def test_reading_a_checkpoint_keeps_only_the_current_tensor_resident(tmp_path, seed):
