@@ -17,7 +17,7 @@ SUBCOMMANDS = {
     "cpu": ("gdn_bench.cpu", "the C++ kernel vs ExecuTorch's llama::gated_delta_rule, per token"),
     "cuda": ("gdn_bench.cuda", "the Triton kernels vs fla-core and ExecuTorch's kernels (GPU)"),
     "metal": ("gdn_bench.metal", "the Metal kernels vs the reference (macOS)"),
-    "e2e": ("gdn_bench.e2e", "a Qwen3.5-shaped .pte end to end: 0.8B on CPU vs transformers, ExecuTorch's own flow "
+    "e2e": ("gdn_bench.e2e_cli", "a Qwen3.5-shaped .pte end to end: 0.8B on CPU vs transformers, ExecuTorch's own flow "
                              "and llama.cpp; --device cuda: 0.8B and 4B vs transformers + fla-core"),
 }
 

@@ -1,8 +1,10 @@
 """``gdn-bench e2e``: a random-weight Qwen3.5-0.8B-shaped model, end to end on CPU.
 
-``--device cuda`` runs the GPU benchmark instead (``gdn_bench.e2e_cuda``): the
-0.8B and 4B shapes in bf16, our program in ExecuTorch's CUDA runtime against
-transformers with fla-core's kernels. What follows describes the CPU one.
+``--device cuda`` runs the GPU benchmark instead (``gdn_bench.e2e_cuda``, which
+``gdn_bench.e2e_cli`` sends it to): the 0.8B and 4B shapes in bf16, our
+program in ExecuTorch's CUDA runtime against transformers with fla-core's
+kernels. What follows describes the CPU one; its helpers (shapes, checkpoints,
+the workdir, the plot) serve both.
 
 One command builds (or reuses, from ``--workdir``) every artifact and times
 every system on the same weights in the same run:
@@ -1031,32 +1033,35 @@ def _optional_systems(text: str) -> tuple:
 
 # The defaults of the options both devices take; None in the parser, so that run() can tell them from a choice.
 CPU_DEFAULTS = {"workdir": Path("build/e2e"), "only": SYSTEMS, "prompts": (128, 512, 2048), "decode_steps": 32}
+# The same for --device cuda (gdn_bench.e2e_cuda), whose systems are ours and transformers + fla-core.
+CUDA_SHARED_DEFAULTS = {"workdir": Path("build/e2e_cuda"), "only": ("ours", "hf"), "prompts": (512, 2048, 8192),
+                        "decode_steps": 128}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from gdn_bench import e2e_cuda
-
+    """--device, the options both devices take, and those of the CPU benchmark (``gdn_bench.e2e_cli`` adds
+    --device cuda's own)."""
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cpu: the 0.8B shape against transformers, ExecuTorch's flow and llama.cpp; cuda: "
                              "the 0.8B and 4B shapes in bf16 through ExecuTorch's CUDA runtime against transformers "
                              "with fla-core (gdn_bench/e2e_cuda.py) (default %(default)s)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help=f"artifacts and results, reused across runs (default {CPU_DEFAULTS['workdir']}, "
-                             f"with --device cuda {e2e_cuda.DEFAULTS['workdir']})")
+                             f"with --device cuda {CUDA_SHARED_DEFAULTS['workdir']})")
     parser.add_argument("--only", type=_systems, default=None,
                         help=f"systems to build and time this run, comma-separated (default "
                              f"{','.join(CPU_DEFAULTS['only'])}; with --device cuda "
-                             f"{','.join(e2e_cuda.DEFAULTS['only'])}, the only ones it takes)")
+                             f"{','.join(CUDA_SHARED_DEFAULTS['only'])}, the only ones it takes)")
     parser.add_argument("--prompts", type=_int_list, default=None,
                         help=f"prefill prompt lengths; decode is timed after the first (default "
                              f"{_csv(CPU_DEFAULTS['prompts'])}, with --device cuda "
-                             f"{_csv(e2e_cuda.DEFAULTS['prompts'])})")
+                             f"{_csv(CUDA_SHARED_DEFAULTS['prompts'])})")
     parser.add_argument("--executorch-prompts", type=_int_list, default=(128,),
                         help="prompt lengths for ExecuTorch's flow, which prefills one token per call "
                              "(default %(default)s)")
     parser.add_argument("--decode-steps", type=int, default=None,
                         help=f"timed decode steps (default {CPU_DEFAULTS['decode_steps']}, with --device cuda "
-                             f"{e2e_cuda.DEFAULTS['decode_steps']})")
+                             f"{CUDA_SHARED_DEFAULTS['decode_steps']})")
     parser.add_argument("--threads", type=int, default=os.cpu_count(),
                         help="threads for every system (default: the CPU count, %(default)s); on a busy machine "
                              "fewer threads than cores avoids threads waiting on each other")
@@ -1088,7 +1093,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="--prompt-cache: tokens of each question after it (default %(default)s)")
     parser.add_argument("--cache-rounds", type=int, default=3,
                         help="--prompt-cache: questions timed, cached and uncached; medians (default %(default)s)")
-    e2e_cuda.add_arguments(parser)
 
 
 def _csv(values: tuple) -> str:
@@ -1103,13 +1107,7 @@ def apply_defaults(args, defaults: dict) -> None:
 
 
 def run(args) -> int:
-    from gdn_bench import e2e_cuda
-
-    if args.device == "cuda":
-        return e2e_cuda.run(args)
-    given = [flag for name, flag in e2e_cuda.CUDA_ONLY.items() if getattr(args, name) not in (None, False)]
-    if given:
-        raise UsageError(f"{given[0]} applies to --device cuda only")
+    """The CPU benchmark (``gdn_bench.e2e_cli`` sends --device cuda to ``gdn_bench.e2e_cuda``)."""
     apply_defaults(args, CPU_DEFAULTS)
     if args.decode_steps < 1:
         raise UsageError(f"--decode-steps must be >= 1, got {args.decode_steps}")

@@ -55,14 +55,13 @@ from typing import Optional
 
 from gdn_bench import UsageError, e2e
 
-SYSTEMS = ("ours", "hf")
+# What it times: ours and transformers + fla-core (its --only takes these alone).
+SYSTEMS = e2e.CUDA_SHARED_DEFAULTS["only"]
 SYSTEM_LABELS = {
     "ours": "gdn-export .pte (ExecuTorch CUDA runtime, C++ runner, bf16)",
     "hf": "transformers eager + fla-core (bf16)",
 }
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# Options the CPU benchmark takes too, when --device cuda leaves them unset.
-DEFAULTS = {"workdir": Path("build/e2e_cuda"), "only": SYSTEMS, "prompts": (512, 2048, 8192), "decode_steps": 128}
 # Options of --device cuda alone (dest: flag); None or False in the parser, so that a CPU run can refuse them.
 CUDA_ONLY = {"shapes": "--shapes", "prefill_chunk": "--prefill-chunk", "runs": "--runs", "runner": "--runner",
              "backend_lib": "--backend-lib", "time_only": "--time-only"}
@@ -96,7 +95,7 @@ def _shapes(text: str) -> tuple:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of --device cuda alone (``e2e.add_arguments`` calls this)."""
+    """The options of --device cuda alone (``gdn_bench.e2e_cli`` adds them beside ``e2e.add_arguments``')."""
     parser.add_argument("--shapes", type=_shapes, default=None,
                         help=f"--device cuda: model shapes to build and time, comma-separated "
                              f"(default {','.join(CUDA_DEFAULTS['shapes'])})")
@@ -136,7 +135,7 @@ def check_arguments(args) -> None:
     given = [flag for name, flag in CPU_ONLY.items() if getattr(args, name) != defaults[name]]
     if given:
         raise UsageError(f"{given[0]} applies to --device cpu only")
-    e2e.apply_defaults(args, {**DEFAULTS, **CUDA_DEFAULTS})
+    e2e.apply_defaults(args, {**e2e.CUDA_SHARED_DEFAULTS, **CUDA_DEFAULTS})
     others = [system for system in args.only if system not in SYSTEMS]
     if others:
         raise UsageError(f"--only: --device cuda times {' and '.join(SYSTEMS)}, got {others[0]}")

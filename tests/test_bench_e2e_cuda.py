@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gdn_bench import cli, e2e, e2e_cuda
+from gdn_bench import cli, e2e, e2e_cli, e2e_cuda
 from tests.triton_interpreter import REPO_ROOT
 
 
@@ -61,7 +61,7 @@ def test_an_unknown_shape_is_refused_by_the_parser(capsys):
 
 def parse(*arguments):
     parser = cli.argparse.ArgumentParser()
-    e2e.add_arguments(parser)
+    e2e_cli.add_arguments(parser)
     return parser.parse_args(list(arguments))
 
 
