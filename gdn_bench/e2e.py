@@ -155,10 +155,6 @@ def qwen35_config(shape: str):
     return Qwen3_5TextConfig(initializer_range=INIT_STD, **SHAPES[shape])
 
 
-def qwen35_0_8b_config():
-    return qwen35_config("0.8b")
-
-
 def executorch_params(config: dict) -> dict:
     """ExecuTorch's llama ``ModelArgs`` (its params JSON) for a Hugging Face Qwen3.5 config.json."""
     config = config.get("text_config", config)  # the multimodal checkpoints nest the text model's config

@@ -70,7 +70,6 @@ def _read_tensors(weight_files: dict[str, Path], dtype: torch.dtype):
     for file, names in by_file.items():
         if not file.is_file():
             raise CheckpointError(f"{file}: missing weight file (listed for tensor {names[0]!r})")
-        reading = "its header"
         try:
             for name in names:
                 ours = _text_model_name(name)

@@ -28,7 +28,7 @@ def tiny_hf_config(seed: int):
 def test_published_shape_params_are_executorch_model_args_fields():
     from executorch.examples.models.llama.model_args import ModelArgs
 
-    params = e2e.executorch_params(e2e.qwen35_0_8b_config().to_dict())
+    params = e2e.executorch_params(e2e.qwen35_config("0.8b").to_dict())
     fields = {field.name for field in dataclasses.fields(ModelArgs)}
     assert set(params) <= fields, f"not ModelArgs fields: {sorted(set(params) - fields)}"
     args = ModelArgs(**json.loads(json.dumps(params)))  # through JSON, as export_llm reads it
