@@ -32,6 +32,37 @@ def reporting_stages(report: Callable[[str], None]) -> Iterator[None]:
         _stage_reporter.reset(token)
 
 
+@contextlib.contextmanager
+def aoti_int_arrays_declared_at_each_use() -> Iterator[None]:
+    """While open, AOTInductor's C++ wrapper declares a fresh size/stride array wherever one is used.
+
+    Its ``codegen_int_array_var`` caches each array's name by the id of the
+    buffer it was declared in, and some of those buffers live for one line:
+    once one is freed, the next buffer may get its id, hit the cache and refer to
+    an array declared nowhere in it. The 0.8B CUDA program failed to compile so
+    on the H100 (torch 2.11: "'int_array_34' was not declared in this scope").
+    Declaring at each use costs a few lines of wrapper code and cannot miss.
+    """
+    try:
+        from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    except ImportError:  # no Inductor: nothing to patch
+        yield
+        return
+    cached = CppWrapperCpu.__dict__.get("codegen_int_array_var")
+    if cached is None or not hasattr(CppWrapperCpu, "_codegen_int_array_var_impl"):
+        yield  # another torch's wrapper: left as it is
+        return
+
+    def declared_at_each_use(self, int_array, writeline, known_statically=False, graph=None):
+        return self._codegen_int_array_var_impl(int_array, writeline, known_statically)
+
+    CppWrapperCpu.codegen_int_array_var = declared_at_each_use
+    try:
+        yield
+    finally:
+        CppWrapperCpu.codegen_int_array_var = cached
+
+
 def lower_programs(
     programs: dict,
     *,
@@ -62,16 +93,18 @@ def lower_programs(
 
     report = _stage_reporter.get()
     report(f"to_edge and partition ({', '.join(programs)})")
-    edge = to_edge_transform_and_lower(
-        programs,
-        partitioner={name: partitioners(name) for name in programs} if partitioners else None,
-        # The gdn ops are outside the core ATen opset the IR validity check knows.
-        compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=skip_dim_order),
-        constant_methods=metadata,
-    )
-    extra = {name: edge_partitioners(name) for name in programs} if edge_partitioners else {}
-    for index in range(max(map(len, extra.values()), default=0)):
-        edge = edge.to_backend({name: found[index] for name, found in extra.items() if index < len(found)})
+    # CudaBackend and MetalBackend compile their delegates with AOTInductor inside these calls.
+    with aoti_int_arrays_declared_at_each_use():
+        edge = to_edge_transform_and_lower(
+            programs,
+            partitioner={name: partitioners(name) for name in programs} if partitioners else None,
+            # The gdn ops are outside the core ATen opset the IR validity check knows.
+            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=skip_dim_order),
+            constant_methods=metadata,
+        )
+        extra = {name: edge_partitioners(name) for name in programs} if edge_partitioners else {}
+        for index in range(max(map(len, extra.values()), default=0)):
+            edge = edge.to_backend({name: found[index] for name, found in extra.items() if index < len(found)})
     config = dict(
         extract_delegate_segments=True,
         do_quant_fusion_and_const_prop=True,

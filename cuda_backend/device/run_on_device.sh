@@ -193,7 +193,13 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
         done
         grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$bench_dir/build.log" | tail -25
         cp "$bench_dir/build.log" "$OUT/cuda_bench_build.log"
-        for shape in ${shapes//,/ }; do cp "$bench_dir/$shape/builds.json" "$OUT/builds_$shape.json" 2>/dev/null; done
+        for shape in ${shapes//,/ }; do
+          cp "$bench_dir/$shape/builds.json" "$OUT/builds_$shape.json" 2>/dev/null
+          # Each artifact's build log (the export's tells which method failed), its last 200 kB.
+          for log in "$bench_dir/$shape"/*.log "$bench_dir/$shape"/*/*.log; do
+            [ -f "$log" ] && tail -c 200000 "$log" > "$OUT/${shape}_$(basename "$(dirname "$log")")_$(basename "$log")"
+          done
+        done
         if [ -f "$bench_dir/build.status" ]; then
           echo "cuda-bench: the build exited with $(cat "$bench_dir/build.status"), $SECONDS s into this call"
           [ "$(cat "$bench_dir/build.status")" = 0 ] || { status=1; continue; }
