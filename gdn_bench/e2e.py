@@ -970,7 +970,8 @@ def draw_rates(axes, rows: dict, prompts: tuple, line: Optional[tuple] = None) -
     axes.yaxis.set_major_formatter(ScalarFormatter())
     axes.yaxis.set_minor_formatter(NullFormatter())
     axes.set_ylabel("tokens / s (log scale)")
-    axes.legend(fontsize=8)
+    # Below the bars: inside, matplotlib's best place covered the decode line.
+    axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.08))
 
 
 def save_figure(figure, path: Path) -> None:
@@ -1016,10 +1017,12 @@ def _int_list(text: str) -> tuple:
 
 
 def _systems(text: str) -> tuple:
+    # Either device's systems; each device's run refuses the other's.
+    known = SYSTEMS + tuple(name for name in CUDA_SHARED_DEFAULTS["only"] if name not in SYSTEMS)
     names = tuple(part.strip() for part in text.split(",") if part.strip())
-    unknown = sorted(set(names) - set(SYSTEMS))
+    unknown = sorted(set(names) - set(known))
     if unknown or not names:
-        raise argparse.ArgumentTypeError(f"takes names from {', '.join(SYSTEMS)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"takes names from {', '.join(known)}, got {text!r}")
     return names
 
 
@@ -1029,9 +1032,10 @@ def _optional_systems(text: str) -> tuple:
 
 # The defaults of the options both devices take; None in the parser, so that run() can tell them from a choice.
 CPU_DEFAULTS = {"workdir": Path("build/e2e"), "only": SYSTEMS, "prompts": (128, 512, 2048), "decode_steps": 32}
-# The same for --device cuda (gdn_bench.e2e_cuda), whose systems are ours and transformers + fla-core.
-CUDA_SHARED_DEFAULTS = {"workdir": Path("build/e2e_cuda"), "only": ("ours", "hf"), "prompts": (512, 2048, 8192),
-                        "decode_steps": 128}
+# The same for --device cuda (gdn_bench.e2e_cuda), whose systems are ours (also with decode as a CUDA graph) and
+# transformers + fla-core.
+CUDA_SHARED_DEFAULTS = {"workdir": Path("build/e2e_cuda"), "only": ("ours", "ours_graph", "hf"),
+                        "prompts": (512, 2048, 8192), "decode_steps": 128}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -1105,6 +1109,9 @@ def apply_defaults(args, defaults: dict) -> None:
 def run(args) -> int:
     """The CPU benchmark (``gdn_bench.e2e_cli`` sends --device cuda to ``gdn_bench.e2e_cuda``)."""
     apply_defaults(args, CPU_DEFAULTS)
+    others = [system for system in args.only if system not in SYSTEMS]
+    if others:
+        raise UsageError(f"--only: --device cpu times {', '.join(SYSTEMS)}, got {others[0]}")
     if args.decode_steps < 1:
         raise UsageError(f"--decode-steps must be >= 1, got {args.decode_steps}")
     if args.interleave_rounds < 1:

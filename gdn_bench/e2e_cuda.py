@@ -55,10 +55,14 @@ from typing import Optional
 
 from gdn_bench import UsageError, e2e
 
-# What it times: ours and transformers + fla-core (its --only takes these alone).
+# What it times: ours, ours with decode replayed as a CUDA graph (the same program, the runner's --cuda-graph;
+# timed at the first prompt length only, since prefill does not change), and transformers + fla-core
+# (its --only takes these alone).
 SYSTEMS = e2e.CUDA_SHARED_DEFAULTS["only"]
+OURS_SYSTEMS = {"ours": False, "ours_graph": True}  # system: whether decode runs as a CUDA graph
 SYSTEM_LABELS = {
     "ours": "gdn-export .pte (ExecuTorch CUDA runtime, C++ runner, bf16)",
+    "ours_graph": "the same, decode as a CUDA graph (--cuda-graph)",
     "hf": "transformers eager + fla-core (bf16)",
 }
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +142,7 @@ def check_arguments(args) -> None:
     e2e.apply_defaults(args, {**e2e.CUDA_SHARED_DEFAULTS, **CUDA_DEFAULTS})
     others = [system for system in args.only if system not in SYSTEMS]
     if others:
-        raise UsageError(f"--only: --device cuda times {' and '.join(SYSTEMS)}, got {others[0]}")
+        raise UsageError(f"--only: --device cuda times {', '.join(SYSTEMS)}, got {others[0]}")
     for flag, value in (("--decode-steps", args.decode_steps), ("--runs", args.runs),
                         ("--prefill-chunk", args.prefill_chunk)):
         if value < 1:
@@ -301,7 +305,7 @@ def prompt_digest(ids: list) -> str:
 
 def runner_command(runner: Path, program: Path, tokenizer: Path, *, prompt_tokens: int, new_tokens: int,
                    prefill_chunk: int, runs: int, seed: int, data: Optional[Path] = None,
-                   backend_lib: Optional[Path] = None) -> list:
+                   backend_lib: Optional[Path] = None, cuda_graph: bool = False) -> list:
     """The C++ runner, greedy from a random prompt (drawn from ``seed``) for exactly ``new_tokens``, ``runs``
     times in one process, with its timings and token ids on stderr."""
     command = [str(runner), "--model", str(program), "--tokenizer", str(tokenizer),
@@ -312,6 +316,8 @@ def runner_command(runner: Path, program: Path, tokenizer: Path, *, prompt_token
         command += ["--data", str(data)]
     if backend_lib is not None:
         command += ["--backend-lib", str(backend_lib)]
+    if cuda_graph:
+        command.append("--cuda-graph")
     return command
 
 
@@ -385,6 +391,7 @@ def system_entry(measured: list) -> dict:
             entry["decode_prompt"] = length
             entry["decode_steps"] = runs[0]["decode_steps"]
             entry["decode_tok_s"] = summary.get("decode_tok_s")
+            entry["decode_ids"] = runs[-1]["generated_ids"]
         entry["first_token"][key] = runs[-1]["generated_ids"][0]
         entry["prompt_digest"][key] = prompt_digest(runs[-1]["prompt_ids"])
         # Every run starts from an empty state, so greedy runs of one prompt generate the same tokens unless the
@@ -395,16 +402,19 @@ def system_entry(measured: list) -> dict:
     return entry
 
 
-def measure_ours(args, layout: Layout) -> tuple:
-    """Our program in the C++ runner at each prompt length; (its entry, {length: prompt ids})."""
+def measure_ours(args, layout: Layout, system: str = "ours") -> tuple:
+    """Our program in the C++ runner at each prompt length (``ours_graph``: the first alone, decode as a CUDA
+    graph); (its entry, {length: prompt ids})."""
     measured, prompts = [], {}
-    for index, length in enumerate(args.prompts):
+    cuda_graph = OURS_SYSTEMS[system]
+    for index, length in enumerate(args.prompts[:1] if cuda_graph else args.prompts):
         new_tokens = args.decode_steps + 1 if index == 0 else 1  # the first token comes from the prefill
-        e2e.log(f"  ours: prompt {length}" + (f" + {args.decode_steps} decode steps" if index == 0 else "")
+        e2e.log(f"  {system}: prompt {length}" + (f" + {args.decode_steps} decode steps" if index == 0 else "")
                 + f", {args.runs} timed runs after one untimed")
         command = runner_command(args.runner, layout.program, layout.checkpoint / "tokenizer.json",
                                  prompt_tokens=length, new_tokens=new_tokens, prefill_chunk=layout.prefill_chunk,
-                                 runs=args.runs + 1, seed=args.seed, data=layout.data, backend_lib=args.backend_lib)
+                                 runs=args.runs + 1, seed=args.seed, data=layout.data, backend_lib=args.backend_lib,
+                                 cuda_graph=cuda_graph)
         runs = run_runner(command, args.runs + 1)
         measured.append((length, runs))
         prompts[length] = runs[-1]["prompt_ids"]
@@ -523,10 +533,12 @@ def floor_checks(results: dict, shapes: tuple) -> list:
         entry = results.get(shape, {})
         ours, hf = entry.get("ours"), entry.get("hf")
         bound = roofline(results, shape)
-        if ours and shape in DECODE_ROOFLINE_FLOORS:
-            decode = ours.get("decode_tok_s")
-            value = decode / bound if decode and bound else None
-            checks.append((shape, "decode: ours / roofline", value, DECODE_ROOFLINE_FLOORS[shape]))
+        for system in OURS_SYSTEMS:
+            measured = entry.get(system)
+            if measured and shape in DECODE_ROOFLINE_FLOORS:
+                decode = measured.get("decode_tok_s")
+                value = decode / bound if decode and bound else None
+                checks.append((shape, f"decode: {system} / roofline", value, DECODE_ROOFLINE_FLOORS[shape]))
         for length, least in PREFILL_FLOORS.items():
             mine = (ours or {}).get("prefill_tok_s", {}).get(str(length))
             theirs = (hf or {}).get("prefill_tok_s", {}).get(str(length))
@@ -603,6 +615,15 @@ def report(results: dict, builds: dict, sizes: dict, prompts: tuple, shapes: tup
                          f"prompts (bf16: a near tie may round either way); repeated runs generate the same tokens: "
                          f"ours {'yes' if ours['runs_agree'] else 'NO'}, transformers "
                          f"{'yes' if hf['runs_agree'] else 'NO'}.")
+    for shape in shapes:
+        ours, graph = results.get(shape, {}).get("ours"), results.get(shape, {}).get("ours_graph")
+        if ours and graph and "decode_ids" in ours and "decode_ids" in graph \
+                and ours["prompt_digest"].get(str(ours["decode_prompt"])) == \
+                graph["prompt_digest"].get(str(graph["decode_prompt"])):
+            # One program, one prompt: replaying decode as a CUDA graph must not change a token.
+            same = ours["decode_ids"] == graph["decode_ids"]
+            agreement.append(f"{shape}: decode as a CUDA graph generates ours' {len(ours['decode_ids'])} tokens: "
+                             f"{'yes' if same else 'NO'}.")
     if agreement:
         lines += [""] + agreement
     rows = [(shape, builds.get(shape, {}), sizes.get(shape, {})) for shape in shapes]
@@ -647,7 +668,7 @@ def run(args) -> int:
     check_machine(args, shapes)
     if not args.time_only:
         for layout in shapes.values():
-            ensure_artifacts(layout, args.seed, export="ours" in args.only)
+            ensure_artifacts(layout, args.seed, export=any(system in args.only for system in OURS_SYSTEMS))
     if args.build_only:
         return 0
     root = args.workdir.resolve()
@@ -662,15 +683,19 @@ def run(args) -> int:
         entry.update(weight_bytes=decode_weight_bytes(config), context=layout.context,
                      state_bytes=decode_state_bytes(config, layout.context))
         prompts = None
-        if "ours" in args.only:
-            e2e.log(f"{shape}: ours, {layout.program}")
-            ours, prompts = measure_ours(args, layout)
-            entry["ours"] = {**ours, "measured_at": time.strftime("%Y-%m-%d %H:%M")}
+        for system in OURS_SYSTEMS:
+            if system not in args.only:
+                continue
+            e2e.log(f"{shape}: {system}, {layout.program}")
+            ours, seen = measure_ours(args, layout, system)
+            prompts = {**seen, **(prompts or {})}
+            entry[system] = {**ours, "measured_at": time.strftime("%Y-%m-%d %H:%M")}
             e2e.write_json(results_path, results)
         if "hf" in args.only:
             e2e.log(f"{shape}: transformers + fla, {layout.checkpoint}")
-            if prompts is None:
-                prompts = random_prompts(args.prompts, config.get("text_config", config)["vocab_size"], args.seed)
+            # The runner's prompts where it ran at that length (so first tokens compare), others drawn here.
+            drawn = random_prompts(args.prompts, config.get("text_config", config)["vocab_size"], args.seed)
+            prompts = {**drawn, **(prompts or {})}
             hf = in_child(measure_transformers, str(layout.checkpoint), [(p, prompts[p]) for p in args.prompts],
                           args.decode_steps, args.runs)
             entry["hf"] = {**hf, "measured_at": time.strftime("%Y-%m-%d %H:%M")}

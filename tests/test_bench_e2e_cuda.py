@@ -33,7 +33,10 @@ def bench_error(capsys, *arguments) -> str:
     (["--device", "cuda", "--interleave", ""], "--interleave applies to --device cpu only"),
     (["--shapes", "4b"], "--shapes applies to --device cuda only"),
     (["--time-only"], "--time-only applies to --device cuda only"),
-    (["--device", "cuda", "--only", "ours,executorch"], "--only: --device cuda times ours and hf, got executorch"),
+    (["--device", "cuda", "--only", "ours,executorch"],
+     "--only: --device cuda times ours, ours_graph, hf, got executorch"),
+    (["--only", "ours,ours_graph"], "--only: --device cpu times ours, ours_8da4w, ours_8da8w, hf, executorch, "
+                                    "got ours_graph"),
     (["--device", "cuda", "--runs", "0"], "--runs must be >= 1, got 0"),
     (["--device", "cuda", "--decode-steps", "0"], "--decode-steps must be >= 1, got 0"),
     # The context holds the longest prompt, or the first and the decode steps after it, here the latter.
@@ -75,7 +78,7 @@ def test_each_device_has_its_defaults_and_the_cpu_bench_keeps_its_own():
     cuda = parse("--device", "cuda")
     e2e_cuda.check_arguments(cuda)
     assert (cuda.workdir, cuda.only, cuda.prompts, cuda.decode_steps) == (
-        Path("build/e2e_cuda"), ("ours", "hf"), (512, 2048, 8192), 128)
+        Path("build/e2e_cuda"), ("ours", "ours_graph", "hf"), (512, 2048, 8192), 128)
     assert (cuda.shapes, cuda.prefill_chunk, cuda.runs) == (("0.8b", "4b"), 2048, 3)
     # Issue 17's measurements: prefill at 512, 2048 and 8192, decode 128 tokens after 512, all in one context.
     assert e2e_cuda.context_length(cuda.prompts, cuda.decode_steps) == 8192
@@ -216,13 +219,16 @@ def runner():
         pytest.fail(f"the C++ runner must build here: {error}")
 
 
-def test_the_runners_timings_and_tokens_of_a_real_cpu_run(runner, cpu_program, seed):
+# cuda_graph: ours_graph's command (--cuda-graph), which a program without CudaBackend runs unchanged.
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_the_runners_timings_and_tokens_of_a_real_cpu_run(runner, cpu_program, seed, cuda_graph):
     from tests.test_cpp_runner import MAX_CHUNK, MAX_NEW_TOKENS, executorch_greedy
 
     program, tokenizer = cpu_program
     length, runs, chunk = 6 + seed % 5, 3, 3
     command = e2e_cuda.runner_command(runner, program, tokenizer, prompt_tokens=length, new_tokens=MAX_NEW_TOKENS,
-                                      prefill_chunk=chunk, runs=runs, seed=seed)
+                                      prefill_chunk=chunk, runs=runs, seed=seed, cuda_graph=cuda_graph)
+    assert ("--cuda-graph" in command) == cuda_graph
     measured = e2e_cuda.run_runner(command, runs)
     prompt = measured[0]["prompt_ids"]
     assert len(prompt) == length and all(run["prompt_ids"] == prompt for run in measured), measured
@@ -335,7 +341,11 @@ def synthetic_results(generator) -> dict:
         "0.8b": {
             "weight_bytes": weights["0.8b"], "context": 8192, "state_bytes": state,
             "ours": entry({"512": 3 * hf_prefill[0], "2048": 2 * hf_prefill[1], "8192": 1.2 * hf_prefill[2]},
-                          0.5 * roof["0.8b"], digests, {"512": 7, "2048": 8, "8192": 9}, prefill_chunk=2048),
+                          0.5 * roof["0.8b"], digests, {"512": 7, "2048": 8, "8192": 9}, prefill_chunk=2048,
+                          decode_prompt=512, decode_ids=[7, 4, 4, 1]),
+            # The same program with decode as a CUDA graph, timed at the first prompt only.
+            "ours_graph": entry({"512": 3 * hf_prefill[0]}, 0.45 * roof["0.8b"], {"512": "a"}, {"512": 7},
+                                decode_prompt=512, decode_ids=[7, 4, 4, 1]),
             "hf": entry({"512": hf_prefill[0], "2048": hf_prefill[1], "8192": hf_prefill[2]}, 8.4,
                         {**digests, "8192": "other prompt"}, {"512": 7, "2048": 3, "8192": 9}, kernels=kernels,
                         versions={"transformers": "5.23.0", "fla": "0.6.0", "torch": "t"}),
@@ -349,6 +359,10 @@ def synthetic_results(generator) -> dict:
     }, roof
 
 
+def hf_prefill_of(results: dict) -> list:
+    return [results["0.8b"]["hf"]["prefill_tok_s"][key] for key in ("512", "2048", "8192")]
+
+
 def test_report_floor_verdicts(generator, tmp_path):
     results, roof = synthetic_results(generator)
     builds = {"0.8b": {"checkpoint": {"seconds": 20.4, "peak_rss_bytes": 6 * 2**30, "size_bytes": 1},
@@ -356,6 +370,11 @@ def test_report_floor_verdicts(generator, tmp_path):
     sizes = {"0.8b": {"pte_bytes": 3 * 2**20, "ptd_bytes": int(1.5 * 2**30)}}
     table = e2e_cuda.report(results, builds, sizes, (512, 2048, 8192), ("0.8b", "4b"))
     assert "| 0.8b | decode: ours / roofline | 0.50x | 0.4x | met |" in table
+    assert "| 0.8b | decode: ours_graph / roofline | 0.45x | 0.4x | met |" in table
+    assert "0.8b: decode as a CUDA graph generates ours' 4 tokens: yes." in table
+    graph_row = next(line for line in table.splitlines()
+                     if line.startswith(f"| 0.8b | {e2e_cuda.SYSTEM_LABELS['ours_graph']}"))
+    assert f"| {e2e.format_rate(3 * hf_prefill_of(results)[0])} | - | - |" in graph_row, graph_row
     assert "| 4b | decode: ours / roofline | 0.55x | 0.6x | NOT met |" in table
     assert "| 0.8b | prefill 2048: ours / hf | 2.00x | 1.5x | met |" in table
     assert "| 0.8b | prefill 8192: ours / hf | 1.20x | 1.5x | NOT met |" in table
@@ -376,6 +395,9 @@ def test_report_floor_verdicts(generator, tmp_path):
     assert "| 0.8b | export_ours | 513 | 9.00 | 3.0 | 1.50 |" in table
     assert "| 0.8b | checkpoint | 20 | 6.00 | - | - |" in table
 
+    results["0.8b"]["ours_graph"]["decode_ids"] = [7, 4, 5, 1]  # a token the graph changed
+    assert "0.8b: decode as a CUDA graph generates ours' 4 tokens: NO." in \
+        e2e_cuda.report(results, {}, {}, (512, 2048, 8192), ("0.8b",))
     del results["0.8b"]["hf"]["prefill_tok_s"]["2048"]
     table = e2e_cuda.report(results, {}, {}, (512, 2048, 8192), ("0.8b",))
     assert "| 0.8b | prefill 2048: ours / hf | - | 1.5x | - |" in table

@@ -454,3 +454,12 @@ def test_runner_refuses_counts_below_one(runner_binary, llm_program, qwen_tokeni
     result = run_binary([runner_binary, "--model", llm_program[0], "--tokenizer", qwen_tokenizer_path,
                          "--prompt", "hi", flag, "0"])
     assert result.returncode == 2 and f"{flag} must be at least 1, got 0" in result.stderr, result.stderr
+
+
+def test_runner_cuda_graph_leaves_other_delegates_programs_alone(runner_binary, llm_program, qwen_tokenizer_path,
+                                                                 seed):
+    # --cuda-graph is CudaBackend's option for the decode method; a CPU program has no such delegate.
+    path, _, _, expected = llm_program
+    result = run_runner(runner_binary, path, qwen_tokenizer_path, "--temperature", "0", "--cuda-graph")
+    assert result.returncode == 0, f"seed {seed}: {result.stderr}"
+    assert parse_ids(result.stderr, "generated token ids:") == expected, f"seed {seed}"

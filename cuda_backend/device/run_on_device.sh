@@ -195,7 +195,9 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
         cp "$bench_dir/build.log" "$OUT/cuda_bench_build.log"
         for shape in ${shapes//,/ }; do
           cp "$bench_dir/$shape/builds.json" "$OUT/builds_$shape.json" 2>/dev/null
-          # Each artifact's build log (the export's tells which method failed), its last 200 kB.
+          # A failed build's logs (the export's tells which method failed), the last 200 kB of each: only then,
+          # since a call brings back 8 files at most and the timing's results come first.
+          [ -f "$bench_dir/build.status" ] && [ "$(cat "$bench_dir/build.status")" != 0 ] || continue
           for log in "$bench_dir/$shape"/*.log "$bench_dir/$shape"/*/*.log; do
             [ -f "$log" ] && tail -c 200000 "$log" > "$OUT/${shape}_$(basename "$(dirname "$log")")_$(basename "$log")"
           done

@@ -4,7 +4,7 @@
 //                  [--max-new-tokens N] [--temperature T] [--seed S]
 //                  [--data weights.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]
 //                  [--prefill-chunk N] [--random-prompt-tokens N] [--ignore-eos]
-//                  [--runs N] [--timings-json]
+//                  [--runs N] [--timings-json] [--cuda-graph]
 //
 // The program's "forward(tokens int64 [1, T], input_pos int64 [1])" returns
 // logits [1, T or 1, vocab] and keeps its caches and recurrent states in
@@ -18,6 +18,7 @@
 // in the same process (benchmarks: the first run pays for lazy loading).
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -76,12 +77,14 @@ constexpr const char* kUsage =
     "                      [--max-new-tokens N (128)] [--temperature T (0: greedy)] [--seed S]\n"
     "                      [--data WEIGHTS.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]\n"
     "                      [--prefill-chunk N (the program's largest)] [--random-prompt-tokens N] [--ignore-eos]\n"
-    "                      [--runs N (1)] [--timings-json]\n"
+    "                      [--runs N (1)] [--timings-json] [--cuda-graph]\n"
     "  --prefill-chunk N: feed the prompt N tokens per call at most (1: the decode method only)\n"
     "  --random-prompt-tokens N: a prompt of N token ids drawn from --seed instead of --prompt (benchmarks)\n"
     "  --ignore-eos: generate --max-new-tokens whatever the program's EOS ids (benchmarks)\n"
     "  --runs N: generate N times from position 0 with the same prompt, each run timed (benchmarks)\n"
-    "  --timings-json: also one 'timings: {...}' JSON line per run on stderr, seconds unrounded\n";
+    "  --timings-json: also one 'timings: {...}' JSON line per run on stderr, seconds unrounded\n"
+    "  --cuda-graph: CudaBackend captures the decode method as a CUDA graph after its first steps and\n"
+    "                replays it (one launch per token; other delegates ignore it)\n";
 
 struct Options {
   std::string model_path;
@@ -99,6 +102,7 @@ struct Options {
   bool ignore_eos = false;
   int64_t runs = 1;
   bool timings_json = false;
+  bool cuda_graph = false;
 };
 
 bool is_file(const std::string& path) {
@@ -133,10 +137,12 @@ Options parse_options(int argc, char** argv) {
       std::cout << kUsage;
       std::exit(0);
     }
-    if (name == "--print-token-ids" || name == "--verbose" || name == "--ignore-eos" || name == "--timings-json") {
+    if (name == "--print-token-ids" || name == "--verbose" || name == "--ignore-eos" || name == "--timings-json" ||
+        name == "--cuda-graph") {
       (name == "--verbose"        ? options.verbose
        : name == "--ignore-eos"   ? options.ignore_eos
        : name == "--timings-json" ? options.timings_json
+       : name == "--cuda-graph"   ? options.cuda_graph
                                   : options.print_token_ids) = true;
       continue;
     }
@@ -242,7 +248,7 @@ void load_backend_library(const std::string& path) {
 // The step methods of a program and where in its context the sequence stands.
 class LlmProgram {
  public:
-  LlmProgram(const std::string& model_path, const std::string& data_path)
+  LlmProgram(const std::string& model_path, const std::string& data_path, bool cuda_graph = false)
       : model_path_(model_path),
         module_(data_path.empty() ? std::make_unique<Module>(model_path, Module::LoadMode::Mmap)
                                   : std::make_unique<Module>(model_path, data_path, Module::LoadMode::Mmap)) {
@@ -286,6 +292,16 @@ class LlmProgram {
       share.value = true;
       (void)executorch::runtime::set_option("CudaBackend",
                                             executorch::runtime::Span<executorch::runtime::BackendOption>(&share, 1));
+    }
+    // Decode runs the same launches every token: CudaBackend can capture them once as a CUDA graph and
+    // replay it, one launch a step instead of hundreds (set before decode loads; NotFound elsewhere).
+    if (cuda_graph && method_names_.count("decode")) {
+      executorch::runtime::BackendOption graph{};
+      std::snprintf(graph.key, sizeof(graph.key), "%s", "enable_cuda_graph_for_method");
+      std::snprintf(graph.value.emplace<std::array<char, executorch::runtime::kMaxOptionValueLength>>().data(),
+                    executorch::runtime::kMaxOptionValueLength, "%s", "decode");
+      (void)executorch::runtime::set_option("CudaBackend",
+                                            executorch::runtime::Span<executorch::runtime::BackendOption>(&graph, 1));
     }
     for (const char* name : {"forward", "prefill", "decode"}) {
       if (method_names_.count(name)) {
@@ -445,7 +461,7 @@ int run(const Options& options) {
     load_backend_library(options.backend_lib);
   }
   const auto tokenizer = gdn_runner::BpeTokenizer::from_file(options.tokenizer_path);
-  LlmProgram program(options.model_path, options.data_path);
+  LlmProgram program(options.model_path, options.data_path, options.cuda_graph);
   const double load_seconds = seconds_since(started);
   std::fprintf(stderr, "loaded %s and %s in %.0f ms\n", options.model_path.c_str(), options.tokenizer_path.c_str(),
                1e3 * load_seconds);
