@@ -26,7 +26,7 @@
 #            --prefill-chunk ${CPP_PREFILL_CHUNK:-1} (1: decode only, the fastest compile), built beside the
 #            runtime; with a prefill method the prompt is fed in its chunks, in chunks of 3 and one token
 #            at a time (CPP_FEEDS: a subset of whole chunk3 decode-only); each run's greedy token ids must
-#            equal transformers' generate (fp32, GPU)
+#            equal transformers' generate (fp32, GPU); CPP_RUNNER_ARGS adds runner options (e.g. --cuda-graph)
 #   cuda-bench: gdn-bench e2e --device cuda (issue 17) on the shapes of CUDA_BENCH_SHAPES (default 0.8b; also 4b,
 #            comma-separated), in CUDA_BENCH_WORKDIR (default build/e2e_cuda, git-ignored: kept between calls on a
 #            warm machine, which goes back after 30 s idle, so send the next call at once). CUDA_BENCH_MODE:
@@ -125,7 +125,7 @@ make(sys.argv[1], **CHECKPOINTS[sys.argv[2]])" /tmp/tiny_$model $model > "$OUT/c
           build/cpp_runner/gdn_cpp_runner --model /tmp/cuda_$model/model.pte --data /tmp/cuda_$model/aoti_cuda_blob.ptd \
               --backend-lib build/cuda_runtime/libgdn_executorch_cuda.so --tokenizer /tmp/tiny_$model/tokenizer.json \
               --prompt "Once upon a time there was a little model that" --max-new-tokens 32 --temperature 0 \
-              --print-token-ids --verbose "${extra[@]}" > "$OUT/cpp_run_${model}_$feed.out" \
+              --print-token-ids --verbose "${extra[@]}" ${CPP_RUNNER_ARGS:-} > "$OUT/cpp_run_${model}_$feed.out" \
               2> "$OUT/cpp_run_${model}_$feed.err" || status=1
           echo "$model, prompt fed $feed:"; grep "tok/s" "$OUT/cpp_run_${model}_$feed.err"
           python3 -m cuda_backend.device.e2e_check --compare-cpp /tmp/tiny_$model "$OUT/cpp_run_${model}_$feed.err" \
