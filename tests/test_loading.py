@@ -248,7 +248,7 @@ def test_layers_are_transformed_as_they_are_read(tmp_path, seed):
 
     from gdn_export.checkpoint import read_checkpoint
     from gdn_export.loading import load_model
-    from gdn_export.quantize import VOCABULARY_MODULES, quantize_module
+    from gdn_export.quantize import EIGHT_BIT_MODULES, quantize_module
 
     checkpoint = make_tiny_checkpoint(tmp_path / "tied", seed=seed, tie_word_embeddings=True)
     seen = []
@@ -272,22 +272,21 @@ def test_layers_are_transformed_as_they_are_read(tmp_path, seed):
     for name, quantized in layers.items():
         expected = reference[name].weight
         error = quantized.weight.dequantize() - expected
-        if name in VOCABULARY_MODULES:
+        if name.rpartition(".")[2] in EIGHT_BIT_MODULES:
             # 8 bits, one scale a row: within half a step (row max / 127) of the float weight.
             half_step = expected.abs().amax(dim=1, keepdim=True) / 254
             assert (error.abs() <= half_step * 1.001 + 1e-7).all(), name
             continue
-        # 4 bits in groups of 32 with HQQ's fitted scales, against the group's max-abs scale (max / 7.5,
-        # values clamped to -8..7), computed here: HQQ minimizes its own objective, not each layer's
-        # squared error, so a small layer may come out slightly worse (up to 1.005x in 12 seeds), the
-        # whole model clearly better (0.87 to 0.88 of the squared error).
+        # 4 bits in groups of 32 with least-squares scales, against the group's max-abs scale (max / 7.5,
+        # values clamped to -8..7), computed here: the fit starts from that scale among others and never
+        # moves to a worse one, so no layer is worse, and the model as a whole clearly better.
         groups = expected.reshape(-1, 32)
         scale = groups.abs().amax(dim=1, keepdim=True) / 7.5
         rounded = (torch.clamp(torch.round(groups / scale), -8, 7) * scale).reshape(expected.shape)
         layer_fitted, layer_plain = error.square().sum().item(), (rounded - expected).square().sum().item()
-        assert layer_fitted < 1.1 * layer_plain, name
+        assert layer_fitted <= 1.0001 * layer_plain, f"seed {seed}: {name}"
         fitted, plain = fitted + layer_fitted, plain + layer_plain
-    assert fitted < 0.95 * plain
+    assert fitted < 0.9 * plain, f"seed {seed}: {fitted / plain:.3f} of max-abs rounding's squared error"
 
 
 def test_reading_a_checkpoint_keeps_only_the_current_tensor_resident(tmp_path, seed):
@@ -312,3 +311,31 @@ def test_reading_a_checkpoint_keeps_only_the_current_tensor_resident(tmp_path, s
         peak = max(peak, resident_file_mib() - baseline)
         del tensor
     assert peak < 64, f"up to {peak} MiB of the 256 MiB file stayed resident"
+
+
+def test_int4_scales_are_near_the_best_scale_of_a_dense_search(seed):
+    """The fitted scales against a brute-force search over 4000 scales between max / 10 and max / 5: the
+    squared error summed over the groups within 0.5% of the searched optimum's (at most 0.21% over 200 seeds;
+    single groups may stop at a local optimum, up to 1.3x), and no group worse than max / 7.5 rounding."""
+    from gdn_export.quantize import fit_int4_scales
+
+    generator = torch.Generator().manual_seed(seed)
+    # Gaussian rows, some groups with an outlier, one group all zero.
+    weight = torch.randn(48, 96, generator=generator) * 0.02
+    weight[::7, 5] *= 6
+    weight[3, 32:64] = 0
+    scales = fit_int4_scales(weight, 32)
+    assert scales.shape == (48, 3) and (scales > 0).all(), f"seed {seed}"
+    groups = weight.reshape(48, 3, 32)
+
+    def squared_error(scale):
+        return ((groups - torch.round(groups / scale[..., None]).clamp(-8, 7) * scale[..., None]) ** 2).sum(-1)
+
+    largest = groups.abs().amax(-1).clamp_min(1e-30)
+    searched = torch.stack([squared_error(largest / divisor) for divisor in torch.linspace(5.0, 10.0, 4000)])
+    best = searched.min(dim=0).values
+    ours = squared_error(scales)
+    assert ours.sum() <= 1.005 * best.sum(), f"seed {seed}: {ours.sum() / best.sum():.4f}x the searched optimum"
+    plain = squared_error(largest / 7.5)
+    assert (ours <= plain * (1 + 1e-5) + 1e-12).all(), f"seed {seed}: a group worse than max / 7.5 rounding"
+    assert ours[3, 1] == 0  # the zero group is exact
