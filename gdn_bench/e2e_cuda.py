@@ -12,6 +12,10 @@ For each shape of ``--shapes``, on one seeded random checkpoint stored in bf16
   calls of ``--prefill-chunk`` tokens, the length the prefill method is
   exported for; the program's context is the longest prompt (or the first
   prompt and the decode steps, if longer).
+* ``ours_graph``: the same program with the runner's ``--cuda-graph``
+  (CudaBackend captures ``decode`` as a CUDA graph after a few steps and
+  replays it), timed at the first prompt length only; the report says whether
+  it generated ``ours``' tokens.
 * ``hf``: transformers eager in bf16 on the same GPU with fla-core installed:
   its Gated DeltaNet layers run fla's Triton kernels (transformers' fast path).
   The bench refuses to time it where transformers would fall back to its
