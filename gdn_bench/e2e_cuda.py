@@ -686,20 +686,20 @@ def run(args) -> int:
         entry = results.setdefault(shape, {})
         entry.update(weight_bytes=decode_weight_bytes(config), context=layout.context,
                      state_bytes=decode_state_bytes(config, layout.context))
-        prompts = None
+        prompts = {}  # {length: the runner's prompt ids}
         for system in OURS_SYSTEMS:
             if system not in args.only:
                 continue
             e2e.log(f"{shape}: {system}, {layout.program}")
             ours, seen = measure_ours(args, layout, system)
-            prompts = {**seen, **(prompts or {})}
+            prompts = {**seen, **prompts}
             entry[system] = {**ours, "measured_at": time.strftime("%Y-%m-%d %H:%M")}
             e2e.write_json(results_path, results)
         if "hf" in args.only:
             e2e.log(f"{shape}: transformers + fla, {layout.checkpoint}")
             # The runner's prompts where it ran at that length (so first tokens compare), others drawn here.
             drawn = random_prompts(args.prompts, config.get("text_config", config)["vocab_size"], args.seed)
-            prompts = {**drawn, **(prompts or {})}
+            prompts = {**drawn, **prompts}
             hf = in_child(measure_transformers, str(layout.checkpoint), [(p, prompts[p]) for p in args.prompts],
                           args.decode_steps, args.runs)
             entry["hf"] = {**hf, "measured_at": time.strftime("%Y-%m-%d %H:%M")}

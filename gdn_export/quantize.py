@@ -149,9 +149,7 @@ def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:
     )
     from torchao.quantization.granularity import PerAxis
 
-    if isinstance(module, nn.Embedding):
-        config = IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
-    elif mode == "8da4w":
+    if mode == "8da4w" and isinstance(module, nn.Linear):
         granularity = _granularity(module.in_features)
         if granularity is None:
             return module
@@ -164,6 +162,8 @@ def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:
                 custom_scale=scale, custom_zero_point=torch.zeros_like(scale, dtype=torch.int8),
             ), requires_grad=False)
         return module
+    if isinstance(module, nn.Embedding):
+        config = IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
     else:
         # The tied head's bytes must equal the table's (stored once): both take the plain max-abs scale.
         config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
