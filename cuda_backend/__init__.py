@@ -1,4 +1,5 @@
-"""Triton kernels of ``gdn::gated_delta_rule`` for CUDA, lowered through ExecuTorch's CudaBackend.
+"""Triton kernels of ``gdn::gated_delta_rule`` and ``gdn::cached_attention`` for CUDA, lowered through
+ExecuTorch's CudaBackend.
 
 Importing the package registers the kernels as the CUDA implementation of the
 ``gdn`` ops when Triton is installed; without Triton the package still
@@ -15,12 +16,13 @@ from cuda_backend.kernels import LAUNCH_SHAPE_SWEEPS, SUPPORTED_HEAD_DIMS
 TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 
 if TRITON_AVAILABLE:
-    from cuda_backend.triton_ops import fused_gated_delta_rule, gated_delta_rule, launch_kernel
+    from cuda_backend.triton_ops import cached_attention, fused_gated_delta_rule, gated_delta_rule, launch_kernel
 else:
 
     def _needs_triton(*args, **kwargs):
         raise RuntimeError("cuda_backend needs Triton: install the 'triton' package (pip install triton)")
 
-    gated_delta_rule = fused_gated_delta_rule = launch_kernel = _needs_triton
+    gated_delta_rule = fused_gated_delta_rule = cached_attention = launch_kernel = _needs_triton
 
-__all__ = ["gated_delta_rule", "fused_gated_delta_rule", "launch_kernel", "LAUNCH_SHAPE_SWEEPS", "SUPPORTED_HEAD_DIMS"]
+__all__ = ["gated_delta_rule", "fused_gated_delta_rule", "cached_attention", "launch_kernel", "LAUNCH_SHAPE_SWEEPS",
+           "SUPPORTED_HEAD_DIMS"]

@@ -33,6 +33,11 @@ class CudaTritonBackend(Backend):
 
         return CudaFusedRecurrence()
 
+    def attention(self, layer) -> Optional[nn.Module]:
+        from cuda_backend.attention import CudaCachedAttention
+
+        return CudaCachedAttention()
+
     def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:
         """``decode`` and ``prefill``, as ExecuTorch's own Qwen3.5 CUDA export has them.
 

@@ -11,6 +11,7 @@
   branch on, plus every case the kernels refuse (refused before any launch).
 
 Cases with head dims other than 64, 128 or 256 must raise NotImplementedError.
+``gdn::cached_attention`` takes any head dim, so both run every ``ATTENTION_CASES`` row.
 """
 
 from __future__ import annotations
@@ -84,9 +85,18 @@ def _inplace(query, key, value, g, beta, state, *, output, **kwargs):
     return cuda_backend.gated_delta_rule(query, key, value, g, beta, state, output=output, final_state=state, **kwargs)[0]
 
 
+def _attention_unsupported(case) -> Optional[str]:
+    return None if cuda_backend.TRITON_AVAILABLE else "Triton is not installed"
+
+
+def _unsupported_case(case) -> Optional[str]:
+    return _unsupported(case) if isinstance(case, OpCase) else _attention_unsupported(case)
+
+
 def _implementations() -> list[Implementation]:
     if torch.cuda.is_available():
-        return [registered_ops("op-cuda", device="cuda", unsupported=_unsupported, op_cases=_all_with_head_dims)]
+        return [registered_ops("op-cuda", device="cuda", unsupported=_unsupported_case, op_cases=_all_with_head_dims,
+                               cached_attention=torch.ops.gdn.cached_attention.out)]
     return [
         Implementation(
             name="cuda-triton-interpreter",
@@ -94,7 +104,8 @@ def _implementations() -> list[Implementation]:
             out=_out,
             inplace=_inplace,
             fused=cuda_backend.fused_gated_delta_rule,
-            unsupported=_unsupported,
+            cached_attention=cuda_backend.cached_attention,
+            unsupported=_unsupported_case,
             op_cases=_interpreted,
             environment=(("TRITON_INTERPRET", "1"),),
         )

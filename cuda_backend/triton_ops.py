@@ -8,10 +8,11 @@ Importing this module:
   ``gdn_cuda::gated_delta_rule`` (writes output and final_state, which may be
   the initial state), ``gdn_cuda::fused_recurrent_gated_delta_rule`` (decode)
   and ``gdn_cuda::fused_chunked_gated_delta_rule`` (prefill), the last two
-  updating ``state`` in place;
+  updating ``state`` in place, and ``gdn_cuda::cached_attention``;
 * registers them as the CUDA implementation of ``gdn::gated_delta_rule``
-  (+ ``.out``), ``gdn::gated_delta_rule_inplace`` (+ ``.out``) and
-  ``gdn::fused_gated_delta_rule`` (+ ``.out``).
+  (+ ``.out``), ``gdn::gated_delta_rule_inplace`` (+ ``.out``),
+  ``gdn::fused_gated_delta_rule`` (+ ``.out``) and ``gdn::cached_attention``
+  (+ ``.out``).
 
 Sequences shorter than the contract's ``CHUNKED_MIN_LENGTH`` tokens take the
 per-token kernel (decode), longer ones the chunked kernels (prefill).
@@ -28,10 +29,12 @@ import triton
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
+from gdn_export.ops.attention import check_attention_inputs
 from gdn_export.ops.contract import CHUNKED_MIN_LENGTH, NAMESPACE, check_inputs, check_out_tensors
 from gdn_export.ops.fused import check_fused_inputs, split_heads
 
 from cuda_backend.kernels import SUPPORTED_HEAD_DIMS
+from cuda_backend.kernels.attention import cached_attention_kernel, merge_spans_kernel
 from cuda_backend.kernels.chunked import chunk_output_kernel, chunk_prepare_kernel, chunk_state_kernel
 from cuda_backend.kernels.recurrent import recurrent_gated_delta_rule_kernel
 
@@ -359,6 +362,103 @@ def launch_kernel(kernel, query, key, value, g, beta, initial_state, final_state
         run_chunked(*arguments, **options, tuning=launch_shape)
 
 
+# Programs a decode step's attention spreads over (an H100 has 132 SMs), and the most rows (query heads times
+# tokens, per KV head) for which the cache is split between programs rather than walked whole by each.
+ATTENTION_TARGET_PROGRAMS = 128
+ATTENTION_SPLIT_MAX_ROWS = 64
+LOG2_E = 1.4426950408889634
+
+
+def _attention_launch(rows, num_kv_heads: int, head_dim: int, max_len: int, element_bytes: int) -> dict:
+    """Launch shape of ``cached_attention_kernel``; ``rows`` (G * T) is an int, or symbolic in a traced prefill.
+
+    A known, small row count (decode) splits the cache into spans so that about
+    ATTENTION_TARGET_PROGRAMS programs share it; a symbolic one (a prefill traced
+    over a range of T) walks it in one pass, its row blocks giving the programs.
+    Tiles: 64 rows, 64 (fp32 at D > 128: 32) positions per step, two stages of
+    K/V tiles in shared memory (fp32: one).
+    """
+    block_d = triton.next_power_of_2(head_dim)
+    block_n = 64 if element_bytes <= 2 or block_d <= 128 else 32
+    known = isinstance(rows, int)
+    split = known and rows <= ATTENTION_SPLIT_MAX_ROWS
+    block_m = min(64, max(16, triton.next_power_of_2(rows))) if known else 64
+    row_blocks = triton.cdiv(rows, block_m)
+    span = max_len
+    if split:
+        wanted = max(1, ATTENTION_TARGET_PROGRAMS // (num_kv_heads * row_blocks))
+        span = block_n * triton.cdiv(triton.cdiv(max_len, wanted), block_n)
+    return dict(
+        split=split, block_m=block_m, block_n=block_n, block_d=block_d, row_blocks=row_blocks, span=span,
+        splits=triton.cdiv(max_len, span), num_warps=8 if block_m * block_d >= 64 * 256 else 4,
+        num_stages=2 if element_bytes <= 2 else 1,
+    )
+
+
+def run_cached_attention(query, k_cache, v_cache, input_pos, output, *, scale=None) -> None:
+    """``cached_attention_kernel`` (and, split, ``merge_spans_kernel``) into ``output`` [Hq, T, D]."""
+    num_heads, length, head_dim = query.shape
+    num_kv_heads, _, max_len = k_cache.shape
+    group = num_heads // num_kv_heads
+    launch = _attention_launch(group * length, num_kv_heads, head_dim, max_len, query.element_size())
+    scale = head_dim**-0.5 if scale is None else scale
+    splits = launch["splits"] if launch["split"] else 1
+    # The spans' partial outputs and log2-sum-exps; one pass writes neither (one-element stand-ins).
+    scratch = (splits, num_heads, length) if launch["split"] else (1, 1, 1)
+    partial = torch.empty(*scratch, head_dim if launch["split"] else 1, dtype=torch.float32, device=query.device)
+    log_sums = torch.empty(*scratch, dtype=torch.float32, device=query.device)
+    wrap_triton(cached_attention_kernel)[(launch["row_blocks"], num_kv_heads, splits)](
+        query, k_cache, v_cache, input_pos, output, partial, log_sums,
+        length, launch["span"], scale * LOG2_E,
+        *query.stride(), *k_cache.stride(), *v_cache.stride(), *output.stride(), *partial.stride(),
+        *log_sums.stride(),
+        GROUP=group, D=head_dim, BD=launch["block_d"], BM=launch["block_m"], BN=launch["block_n"],
+        SPLIT=launch["split"], DOT_PRECISION=_dot_precision(query), WIDEN=interpreting(),
+        num_warps=launch["num_warps"], num_stages=launch["num_stages"],
+    )
+    if launch["split"]:
+        wrap_triton(merge_spans_kernel)[(num_heads * length,)](
+            partial, log_sums, output,
+            length,
+            *partial.stride(), *log_sums.stride(), *output.stride(),
+            SPLITS=splits, BS=triton.next_power_of_2(splits), D=head_dim, BD=launch["block_d"], num_warps=4,
+        )
+
+
+@triton_op("gdn_cuda::cached_attention", mutates_args={})
+def cached_attention_op(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, input_pos: torch.Tensor,
+    scale: Optional[float] = None,
+) -> torch.Tensor:
+    (query,) = _dense_when_traced(query)
+    output = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    run_cached_attention(query, k_cache, v_cache, input_pos, output, scale=scale)
+    return output
+
+
+def cached_attention(query, k_cache, v_cache, input_pos, *, scale=None, output=None):
+    """``gdn::cached_attention`` on the Triton kernels; writes ``output`` when given, returns it.
+
+    The position is read on the device, so unlike the reference this does not
+    check that input_pos + T fits the caches.
+    """
+    check_attention_inputs(query, k_cache, v_cache, input_pos)
+    if query.device.type != "cuda" and not interpreting():
+        raise RuntimeError(
+            f"cuda_backend.cached_attention: the Triton kernels need CUDA tensors (got {query.device}); "
+            "set TRITON_INTERPRET=1 before importing triton to run them on the CPU"
+        )
+    if output is None:
+        return torch.ops.gdn_cuda.cached_attention(query, k_cache, v_cache, input_pos, scale)
+    if list(output.shape) != list(query.shape) or output.dtype != query.dtype:
+        raise ValueError(
+            f"gdn.cached_attention.out: output must be {list(query.shape)} {query.dtype}, "
+            f"got {list(output.shape)} {output.dtype}"
+        )
+    run_cached_attention(query, k_cache, v_cache, input_pos, output, scale=scale)
+    return output
+
+
 def _register_cuda_implementations() -> None:
     library = torch.library.Library(NAMESPACE, "IMPL")
 
@@ -395,6 +495,8 @@ def _register_cuda_implementations() -> None:
         ("gated_delta_rule_inplace.out", inplace_out),
         ("fused_gated_delta_rule", fused),
         ("fused_gated_delta_rule.out", fused_out),
+        ("cached_attention", lambda *args, scale=None: cached_attention(*args, scale=scale)),
+        ("cached_attention.out", lambda *args, scale=None, output: cached_attention(*args, scale=scale, output=output)),
     ):
         library.impl(name, implementation, "CUDA")
     # Kept alive with the module: dropping the Library would unregister the kernels.

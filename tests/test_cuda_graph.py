@@ -54,13 +54,14 @@ def _gdn_ops(model, length: int) -> list[str]:
 @directly
 def test_decode_export_holds_the_fused_decode_op(cuda_model):
     ops = _gdn_ops(cuda_model, 1)
-    assert ops == ["gdn_cuda.fused_recurrent_gated_delta_rule.default"] * 2, ops  # one per linear-attention layer
+    # One per linear-attention layer, then the full-attention layer's.
+    assert ops == ["gdn_cuda.fused_recurrent_gated_delta_rule.default"] * 2 + ["gdn_cuda.cached_attention.default"], ops
 
 
 @directly
 def test_prefill_export_holds_the_chunked_op(cuda_model):
     ops = _gdn_ops(cuda_model, 5)
-    assert ops == ["gdn_cuda.fused_chunked_gated_delta_rule.default"] * 2, ops
+    assert ops == ["gdn_cuda.fused_chunked_gated_delta_rule.default"] * 2 + ["gdn_cuda.cached_attention.default"], ops
 
 
 @directly

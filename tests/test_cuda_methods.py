@@ -88,18 +88,24 @@ def _triton_kernels(decomposed) -> set[str]:
 @directly
 def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(methods, decomposed):
     assert sorted(methods) == ["decode", "prefill"]
-    layers = 2  # linear-attention layers of the tiny model
-    assert _gdn_ops(methods["decode"]) == ["gdn_cuda.fused_recurrent_gated_delta_rule.default"] * layers
-    assert _gdn_ops(methods["prefill"]) == ["gdn_cuda.fused_chunked_gated_delta_rule.default"] * layers
+    # The tiny model's layers: linear, linear, full attention.
+    recurrent, chunked = "gdn_cuda.fused_recurrent_gated_delta_rule.default", \
+        "gdn_cuda.fused_chunked_gated_delta_rule.default"
+    attention = "gdn_cuda.cached_attention.default"
+    assert _gdn_ops(methods["decode"]) == [recurrent, recurrent, attention]
+    assert _gdn_ops(methods["prefill"]) == [chunked, chunked, attention]
     decode_kernels, prefill_kernels = _triton_kernels(decomposed["decode"]), _triton_kernels(decomposed["prefill"])
-    assert decode_kernels == {"recurrent_gated_delta_rule_kernel"}, decode_kernels
-    assert {"chunk_prepare_kernel", "chunk_state_kernel"} <= prefill_kernels, prefill_kernels
-    assert "recurrent_gated_delta_rule_kernel" not in prefill_kernels
+    # Decode splits the cache between programs and merges their spans; prefill walks it in one pass.
+    assert decode_kernels == {"recurrent_gated_delta_rule_kernel", "cached_attention_kernel",
+                              "merge_spans_kernel"}, decode_kernels
+    assert {"chunk_prepare_kernel", "chunk_state_kernel", "cached_attention_kernel"} <= prefill_kernels, \
+        prefill_kernels
+    assert not {"recurrent_gated_delta_rule_kernel", "merge_spans_kernel"} & prefill_kernels
 
 
 # Each kernel's tensor arguments and the stride arguments it reads them through (cuda_backend/kernels).
 KERNEL_STRIDES = {"q_ptr": "sq", "k_ptr": "sk", "v_ptr": "sv", "g_ptr": "sg", "beta_ptr": "sbeta",
-                  "state_in_ptr": "ss", "state_out_ptr": "ss", "out_ptr": "so"}
+                  "state_in_ptr": "ss", "state_out_ptr": "ss", "out_ptr": "so", "part_ptr": "sp", "lse_ptr": "sl"}
 
 
 def _value(argument):

@@ -8,6 +8,7 @@ import torch
 import cuda_backend  # noqa: F401  (defines torch.ops.gdn_cuda, the CUDA rewrite's ops)
 from gdn_export.loading import load_qwen35
 from gdn_export.models.qwen35 import GatedAttention, GatedDeltaNet, MaskedCacheAttention, PerTokenRecurrence
+from cuda_backend.attention import CudaCachedAttention
 from cuda_backend.recurrence import CudaFusedRecurrence
 from gdn_export import backends
 from gdn_export.passes import CachedAttentionOp, FusedOpRecurrence, InplaceOpRecurrence, rewrite
@@ -72,8 +73,10 @@ def test_each_backend_gets_its_recurrence(dense_checkpoint):
         layers = linear_attention_layers(model)
         assert len(layers) == 2
         assert all(type(layer.recurrence) is recurrence_class for layer in layers), backend
-        # The CPU backends also attend through gdn::cached_attention; the GPU ones keep the masked form.
-        attention_class = CachedAttentionOp if backend in ("portable", "xnnpack") else MaskedCacheAttention
+        # The CPU backends attend through gdn::cached_attention, CUDA through its Triton kernels; Metal keeps
+        # the masked form.
+        attention_class = {"portable": CachedAttentionOp, "xnnpack": CachedAttentionOp,
+                           "cuda": CudaCachedAttention}.get(backend, MaskedCacheAttention)
         assert all(type(layer.attend) is attention_class for layer in full_attention_layers(model)), backend
 
 
@@ -129,8 +132,10 @@ def test_rewritten_model_exports_one_op_per_layer_for_any_length(dense_checkpoin
     targets = call_targets(program)
     assert targets.count(OPS[backend]) == len(linear_attention_layers(model))
     assert not any("gated_delta_rule" in str(t) and t != OPS[backend] for t in targets)
-    attention_ops = targets.count(torch.ops.gdn.cached_attention.default)
-    assert attention_ops == (len(full_attention_layers(model)) if backend != "cuda" else 0)
+    attention_op = torch.ops.gdn_cuda.cached_attention.default if backend == "cuda" else \
+        torch.ops.gdn.cached_attention.default
+    assert targets.count(attention_op) == len(full_attention_layers(model))
+    assert not any("cached_attention" in str(t) and t != attention_op for t in targets)
     # No per-token loop: the graph is the same size whatever the example length.
     assert len(call_targets(export(model, length=2))) == len(call_targets(export(model, length=9)))
 

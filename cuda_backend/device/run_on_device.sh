@@ -3,7 +3,7 @@
 #   run(command="bash cuda_backend/device/run_on_device.sh [tests|aoti|bench|lower]...", carry=[".whl"])
 # With no argument it runs tests, aoti and bench. Wheels come from cuda_backend/device/setup.sh.
 #   tests: the CUDA kernel tests, full-size cases included, and the checks of gdn-bench cuda's decode
-#          columns (TESTS overrides the selection)
+#          columns (TESTS overrides the files, TESTS_K the -k expression, default cuda)
 #   conformance: the conformance table's op-cuda rows (184: the table and its cases at 64-dim heads,
 #          81 of them refused head dims, checked without a launch; each other compiles its own kernel
 #          variants on a fresh machine, so it takes a call of its own, on 6 pytest-xdist workers:
@@ -31,7 +31,9 @@
 #            comma-separated), in CUDA_BENCH_WORKDIR (default build/e2e_cuda, git-ignored: kept between calls on a
 #            warm machine, which goes back after 30 s idle, so send the next call at once). CUDA_BENCH_MODE:
 #              build: ExecuTorch's CUDA runtime (from EXECUTORCH_SRC, as e2e), the C++ runner, and each shape's
-#                checkpoint and .pte + .ptd (--build-only), in a process of its own session: an export may outlast
+#                checkpoint and .pte + .ptd (--build-only; the shapes at once, each logging to build_SHAPE.log and
+#                then into build.log: an export is mostly single-threaded compiles and waits on the
+#                GPU's autotuning, and the machine has 16 cores), in a process of its own session: an export may outlast
 #                the 10-minute call, and this one runs on; the call waits for it CUDA_BENCH_WAIT_S seconds (default:
 #                until 560 s into the call), and a later build call waits for the same build again
 #              time: times what was built (--time-only; refused while a build runs, so the timings have the GPU
@@ -72,7 +74,7 @@ for step in "${steps[@]}"; do
       [ "$step" = tests ] && selection=${TESTS:-tests/test_cuda_kernels.py tests/test_bench_cuda.py} || selection=tests/conformance
       workers=()
       [ "$step" = conformance ] && python3 -c "import xdist" 2>/dev/null && workers=(-n 6)
-      python3 -m pytest -v -x -p no:cacheprovider --durations=10 "${workers[@]}" $selection -k "cuda" \
+      python3 -m pytest -v -x -p no:cacheprovider --durations=10 "${workers[@]}" $selection -k "${TESTS_K:-cuda}" \
           > "$OUT/$step.log" 2>&1 || status=1
       tail -15 "$OUT/$step.log" ;;
     variants)
@@ -175,9 +177,19 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
           # setsid: its own session, so it is not killed when the call returns. It records its pid, then its
           # exit status, and removes the pid file (a pid reused later must not look like this build).
           setsid bash -c 'echo $$ > "$1/build.pid"
+            build_shapes() {
+              local pids=() shape rc=0
+              for shape in ${2//,/ }; do
+                python3 -m gdn_bench.cli e2e --device cuda --workdir "$1" --shapes "$shape" --build-only $3 \
+                    > "$1/build_$shape.log" 2>&1 &
+                pids+=($!)
+              done
+              for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+              for shape in ${2//,/ }; do echo "== $shape"; cat "$1/build_$shape.log"; done
+              return $rc
+            }
             { python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
-              && python3 -m examples.cpp_runner.build \
-              && python3 -m gdn_bench.cli e2e --device cuda --workdir "$1" --shapes "$2" --build-only $3
+              && python3 -m examples.cpp_runner.build && build_shapes "$1" "$2" "$3"
             } > "$1/build.log" 2>&1
             echo $? > "$1/build.status"; rm -f "$1/build.pid"' bash "$bench_dir" "$shapes" "${CUDA_BENCH_ARGS:-}" \
             < /dev/null &
@@ -192,6 +204,12 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
           [ $seen_pid = 1 ] && ! building && [ ! -f "$bench_dir/build.status" ] && { died=1; break; }
         done
         grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$bench_dir/build.log" | tail -25
+        if [ ! -f "$bench_dir/build.status" ]; then  # the shapes' own logs while they build
+          for shape in ${shapes//,/ }; do
+            echo "-- $shape so far:"; grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" \
+                "$bench_dir/build_$shape.log" 2>/dev/null | tail -4
+          done
+        fi
         cp "$bench_dir/build.log" "$OUT/cuda_bench_build.log"
         for shape in ${shapes//,/ }; do
           cp "$bench_dir/$shape/builds.json" "$OUT/builds_$shape.json" 2>/dev/null

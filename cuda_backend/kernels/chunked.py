@@ -40,7 +40,14 @@ traffic halves; the state, the accumulators and the gates stay fp32.
 import triton
 import triton.language as tl
 
-from cuda_backend.kernels.common import L2NORM_EPS, gate_from_raw, load_gate_coefficients, sequence_and_head
+from cuda_backend.kernels.common import (
+    L2NORM_EPS,
+    dot_fp32,
+    gate_from_raw,
+    load_gate_coefficients,
+    narrow,
+    sequence_and_head,
+)
 
 # Diagonal block of the triangular inverse: (I + N)^-1 of a strictly lower 16 x 16
 # block N is a product of 4 factors (N^16 = 0), and 16 is the smallest tl.dot size.
@@ -53,30 +60,6 @@ def _row_scale(x, USE_QK_L2NORM: tl.constexpr):
     if USE_QK_L2NORM:
         return tl.rsqrt(tl.sum(x * x, 1) + L2NORM_EPS)
     return tl.full((x.shape[0],), 1.0, tl.float32)
-
-
-@triton.jit
-def _dot(a, b, DOT_PRECISION: tl.constexpr, WIDEN: tl.constexpr):
-    """a @ b with fp32 accumulation. ``WIDEN`` (set under TRITON_INTERPRET=1 only):
-    Triton's interpreter multiplies bf16 operands as their raw 16-bit integers, so
-    they are widened first; the products are exact in fp32 either way, as on the GPU."""
-    if WIDEN:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=DOT_PRECISION)
-    return tl.dot(a, b, input_precision=DOT_PRECISION)
-
-
-@triton.jit
-def _narrow(x, dtype: tl.constexpr, WIDEN: tl.constexpr):
-    """``x`` (fp32) in the scratch dtype, rounded to nearest even as the GPU does.
-
-    Under the interpreter (``WIDEN``) fp32 -> bf16 truncates, which biases every
-    rounding the same way; round the bits first so its tests see the GPU's numerics."""
-    if WIDEN:
-        if dtype == tl.bfloat16:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-            x = bits.to(tl.float32, bitcast=True)
-    return x.to(dtype)
 
 
 @triton.jit
@@ -118,10 +101,10 @@ def _store_chunk_output(qg_ptr, aqk_ptr, chunk_rows, start_state, updates, o_bas
     rows = tl.arange(0, BT)
     qg = tl.load(qg_ptr + chunk_rows[:, None] * DK + tl.arange(0, DK)[None, :])
     query_key = tl.load(aqk_ptr + chunk_rows[:, None] * BT + rows[None, :])
-    output = _dot(qg, start_state, DOT_PRECISION, WIDEN)
-    output += _dot(query_key, updates, DOT_PRECISION, WIDEN)
+    output = dot_fp32(qg, start_state, DOT_PRECISION, WIDEN)
+    output += dot_fp32(query_key, updates, DOT_PRECISION, WIDEN)
     t_offs = chunk * BT + rows
-    tl.store(o_base + t_offs[:, None] * so_t, _narrow(output, o_base.dtype.element_ty, WIDEN),
+    tl.store(o_base + t_offs[:, None] * so_t, narrow(output, o_base.dtype.element_ty, WIDEN),
              mask=(t_offs < length)[:, None])
 
 
@@ -213,12 +196,12 @@ def chunk_prepare_kernel(
         decay_last = tl.exp(gate_last)
 
     # The query side is done here, so q is dead before the inverse needs registers.
-    tl.store(aqk_ptr + chunk_rows[:, None] * BT + rows[None, :], _narrow(tl.where(causal, query_key, 0.0), scratch, WIDEN))
-    tl.store(qg_ptr + chunk_rows[:, None] * DK + k_offs[None, :], _narrow(q * key_decay, scratch, WIDEN))
+    tl.store(aqk_ptr + chunk_rows[:, None] * BT + rows[None, :], narrow(tl.where(causal, query_key, 0.0), scratch, WIDEN))
+    tl.store(qg_ptr + chunk_rows[:, None] * DK + k_offs[None, :], narrow(q * key_decay, scratch, WIDEN))
     # kg is stored transposed, [Dk, BT] per chunk: the state kernel multiplies kg^T by u', and
     # so loads it as a plain row-major operand with no transposed layout inside its loop.
     key_tile = kg_ptr + (pid_bh * num_chunks + chunk) * DK * BT + k_offs[:, None] * BT + rows[None, :]
-    tl.store(key_tile, tl.trans(_narrow(k * key_to_end, scratch, WIDEN)))
+    tl.store(key_tile, tl.trans(narrow(k * key_to_end, scratch, WIDEN)))
     if GATE_PER_CHANNEL:
         tl.store(decay_ptr + (pid_bh * num_chunks + chunk) * DK + k_offs, decay_last)
     else:
@@ -227,13 +210,13 @@ def chunk_prepare_kernel(
     inverse = _unit_lower_inverse(tl.where(rows[:, None] > rows[None, :], key_key * beta[:, None], 0.0),
                                   BT, DOT_PRECISION)
     w = tl.dot(inverse, k * key_decay * beta[:, None], input_precision=DOT_PRECISION)
-    tl.store(w_ptr + chunk_rows[:, None] * DK + k_offs[None, :], _narrow(w, scratch, WIDEN))
+    tl.store(w_ptr + chunk_rows[:, None] * DK + k_offs[None, :], narrow(w, scratch, WIDEN))
     v = tl.load(
         v_ptr + batch * sv_b + v_head * sv_h + t_offs[:, None] * sv_t + v_offs[None, :] * sv_d,
         mask=row_mask[:, None], other=0.0,
     ).to(tl.float32)
     u = tl.dot(inverse, v * beta[:, None], input_precision=DOT_PRECISION)
-    tl.store(u_ptr + chunk_rows[:, None] * DV + v_offs[None, :], _narrow(u, scratch, WIDEN))
+    tl.store(u_ptr + chunk_rows[:, None] * DV + v_offs[None, :], narrow(u, scratch, WIDEN))
 
 
 @triton.jit
@@ -275,8 +258,8 @@ def chunk_state_kernel(
             decay = tl.load(decay_ptr + pid_bh * num_chunks + chunk)
         # The products take the state in the scratch dtype (bf16 for bf16 callers: the
         # tensor cores' full rate) and accumulate in fp32; the state itself stays fp32.
-        state_operand = _narrow(state, scratch, WIDEN)
-        updates = _narrow(u - _dot(w, state_operand, DOT_PRECISION, WIDEN), scratch, WIDEN)
+        state_operand = narrow(state, scratch, WIDEN)
+        updates = narrow(u - dot_fp32(w, state_operand, DOT_PRECISION, WIDEN), scratch, WIDEN)
         if FUSED_OUTPUT:
             _store_chunk_output(qg_ptr, aqk_ptr, chunk_rows, state_operand, updates, o_base, so_t, chunk, length,
                                 DK, BT, DOT_PRECISION, WIDEN)
@@ -285,7 +268,7 @@ def chunk_state_kernel(
             h_tile = h_ptr + ((pid_bh * num_chunks + chunk) * DK + k_offs[:, None]) * DV + v_offs[None, :]
             tl.store(h_tile, state_operand)
             tl.store(u_tile, updates)  # u' over u: only this program reads these rows
-        state = state * decay + _dot(key_t, updates, DOT_PRECISION, WIDEN)
+        state = state * decay + dot_fp32(key_t, updates, DOT_PRECISION, WIDEN)
     tl.store(state_out_ptr + state_tile, state)
 
 

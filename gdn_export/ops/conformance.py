@@ -484,6 +484,9 @@ def _attention_cases() -> list[AttentionCase]:
     # Qwen3.5's full attention: 8 query heads over 2 KV heads of 256 dims; decode deep in the cache, a prefill chunk.
     qwen = AttentionCase(num_heads=8, num_kv_heads=2, head_dim=256, max_len=512)
     cases += [dataclasses.replace(qwen, length=1, start=300), dataclasses.replace(qwen, length=64, start=0)]
+    # Three tokens whose positions (126..128) straddle position 128: kernels that split the cache into spans
+    # of 64 or 128 positions see a span that only the last row reaches.
+    cases.append(dataclasses.replace(qwen, length=3, start=126))
     return cases
 
 

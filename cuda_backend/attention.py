@@ -1,0 +1,33 @@
+"""The CUDA program's full attention: ``gdn_cuda::cached_attention`` in place of the masked whole-cache form.
+
+The model's ``MaskedCacheAttention`` multiplies against every cache position and
+masks the tail; inside a CudaBackend program that is two batched matmuls and a
+softmax over [G*T, S] scores per KV head, whatever the position. This module
+calls the Triton kernels of ``cuda_backend.kernels.attention`` instead, which
+walk the cache only up to the last visible position (the mask is implied by
+``input_pos``). ``torch.export`` keeps the ``triton_op`` whole and AOTInductor
+compiles its kernels into the program, as with the recurrence.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+
+class CudaCachedAttention(nn.Module):
+    """``attend(query, k_cache, v_cache, positions, mask)`` of ``GatedAttention`` on the Triton kernels."""
+
+    def __init__(self):
+        super().__init__()
+        try:
+            import cuda_backend.triton_ops as kernels  # registers torch.ops.gdn_cuda.*
+        except ImportError as error:
+            raise RuntimeError(
+                f"rewrite(model, backend='cuda') needs Triton, whose kernels the CUDA program runs ({error}); "
+                "install it with pip install triton"
+            ) from error
+        self.attend = kernels.cached_attention_op
+
+    def forward(self, query, k_cache, v_cache, positions, mask):
+        # positions[0] is input_pos; the mask is implied by it.
+        return self.attend(query, k_cache, v_cache, positions[:1])
