@@ -16,13 +16,19 @@ from cuda_backend.kernels import LAUNCH_SHAPE_SWEEPS, SUPPORTED_HEAD_DIMS
 TRITON_AVAILABLE = importlib.util.find_spec("triton") is not None
 
 if TRITON_AVAILABLE:
-    from cuda_backend.triton_ops import cached_attention, fused_gated_delta_rule, gated_delta_rule, launch_kernel
+    from cuda_backend.triton_ops import (
+        cached_attention,
+        decode_linear,
+        fused_gated_delta_rule,
+        gated_delta_rule,
+        launch_kernel,
+    )
 else:
 
     def _needs_triton(*args, **kwargs):
         raise RuntimeError("cuda_backend needs Triton: install the 'triton' package (pip install triton)")
 
-    gated_delta_rule = fused_gated_delta_rule = cached_attention = launch_kernel = _needs_triton
+    gated_delta_rule = fused_gated_delta_rule = cached_attention = decode_linear = launch_kernel = _needs_triton
 
-__all__ = ["gated_delta_rule", "fused_gated_delta_rule", "cached_attention", "launch_kernel", "LAUNCH_SHAPE_SWEEPS",
-           "SUPPORTED_HEAD_DIMS"]
+__all__ = ["gated_delta_rule", "fused_gated_delta_rule", "cached_attention", "decode_linear", "launch_kernel",
+           "LAUNCH_SHAPE_SWEEPS", "SUPPORTED_HEAD_DIMS"]

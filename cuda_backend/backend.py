@@ -38,6 +38,11 @@ class CudaTritonBackend(Backend):
 
         return CudaCachedAttention()
 
+    def linear(self, layer: nn.Linear) -> Optional[nn.Module]:
+        from cuda_backend.linear import DecodeLinear
+
+        return DecodeLinear.sharing(layer)
+
     def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:
         """``decode`` and ``prefill``, as ExecuTorch's own Qwen3.5 CUDA export has them.
 

@@ -8,7 +8,8 @@ Importing this module:
   ``gdn_cuda::gated_delta_rule`` (writes output and final_state, which may be
   the initial state), ``gdn_cuda::fused_recurrent_gated_delta_rule`` (decode)
   and ``gdn_cuda::fused_chunked_gated_delta_rule`` (prefill), the last two
-  updating ``state`` in place, and ``gdn_cuda::cached_attention``;
+  updating ``state`` in place, ``gdn_cuda::cached_attention`` and
+  ``gdn_cuda::decode_linear`` (a linear layer at one token);
 * registers them as the CUDA implementation of ``gdn::gated_delta_rule``
   (+ ``.out``), ``gdn::gated_delta_rule_inplace`` (+ ``.out``),
   ``gdn::fused_gated_delta_rule`` (+ ``.out``) and ``gdn::cached_attention``
@@ -35,6 +36,7 @@ from gdn_export.ops.fused import check_fused_inputs, split_heads
 
 from cuda_backend.kernels import SUPPORTED_HEAD_DIMS
 from cuda_backend.kernels.attention import cached_attention_kernel, merge_spans_kernel
+from cuda_backend.kernels.linear import decode_linear_kernel
 from cuda_backend.kernels.chunked import chunk_output_kernel, chunk_prepare_kernel, chunk_state_kernel
 from cuda_backend.kernels.recurrent import recurrent_gated_delta_rule_kernel
 
@@ -457,6 +459,60 @@ def cached_attention(query, k_cache, v_cache, input_pos, *, scale=None, output=N
         )
     run_cached_attention(query, k_cache, v_cache, input_pos, output, scale=scale)
     return output
+
+
+# A decode linear's launch: at least two programs per SM of an H100 (132), each loading W in tiles of
+# DECODE_LINEAR_TILE elements (8 KiB of bf16) per step.
+DECODE_LINEAR_MIN_PROGRAMS = 264
+DECODE_LINEAR_TILE = 4096
+
+
+def _decode_linear_launch(out_features: int, in_features: int) -> tuple:
+    """(rows, width) of ``decode_linear_kernel``'s tiles: the most rows that still give
+    DECODE_LINEAR_MIN_PROGRAMS programs, then as wide as the tile allows."""
+    rows = 32
+    while rows > 1 and triton.cdiv(out_features, rows) < DECODE_LINEAR_MIN_PROGRAMS:
+        rows //= 2
+    width = min(triton.next_power_of_2(in_features), max(64, DECODE_LINEAR_TILE // rows))
+    return rows, width
+
+
+def run_decode_linear(x, weight, bias, output, *, rows=None, width=None) -> None:
+    """``decode_linear_kernel``: output [..., N] = x [..., K] (one token, dense) @ weight [N, K].T + bias."""
+    out_features, in_features = weight.shape
+    default_rows, default_width = _decode_linear_launch(out_features, in_features)
+    rows, width = rows or default_rows, width or default_width
+    wrap_triton(decode_linear_kernel)[(triton.cdiv(out_features, rows),)](
+        x, weight, weight if bias is None else bias, output,
+        out_features, in_features,
+        *weight.stride(),
+        HAS_BIAS=bias is not None, BN=rows, BK=width, num_warps=4, num_stages=2,
+    )
+
+
+@triton_op("gdn_cuda::decode_linear", mutates_args={})
+def decode_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    x = x.contiguous()  # the kernel reads x as K consecutive elements
+    output = torch.empty(*x.shape[:-1], weight.shape[0], dtype=x.dtype, device=x.device)
+    run_decode_linear(x, weight, bias, output)
+    return output
+
+
+def decode_linear(x, weight, bias=None):
+    """``F.linear(x, weight, bias)`` for one token (x [..., K] holding K elements) on the decode kernel."""
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1] or x.numel() != weight.shape[1]:
+        raise ValueError(
+            f"cuda_backend.decode_linear: x must hold one token of {weight.shape[-1]} features for a weight "
+            f"[N, K], got x {list(x.shape)} and weight {list(weight.shape)}"
+        )
+    if bias is not None and list(bias.shape) != [weight.shape[0]]:
+        raise ValueError(f"cuda_backend.decode_linear: bias must be [{weight.shape[0]}], got {list(bias.shape)}")
+    if x.device.type != "cuda" and not interpreting():
+        raise RuntimeError(
+            f"cuda_backend.decode_linear: the Triton kernels need CUDA tensors (got {x.device}); "
+            "set TRITON_INTERPRET=1 before importing triton to run them on the CPU"
+        )
+    return torch.ops.gdn_cuda.decode_linear(x, weight, bias)
 
 
 def _register_cuda_implementations() -> None:

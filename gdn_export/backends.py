@@ -70,6 +70,11 @@ class Backend:
         """The ``attend`` module for one full-attention layer, or None to keep the model's own."""
         return None
 
+    def linear(self, layer: nn.Linear) -> Optional[nn.Module]:
+        """The module in place of one of the model's ``nn.Linear`` layers (its parameters under the same
+        names), or None to keep it."""
+        return None
+
     def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:
         """The program's methods, exported; by default ExecuTorch's LLM ``forward`` with a dynamic T."""
         return {"forward": export_llm_forward(model, prefill_chunk)}

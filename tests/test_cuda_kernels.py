@@ -3,7 +3,8 @@
 The table's rows of these kernels run in tests/conformance (``op-cuda`` on a
 GPU, ``cuda-triton-interpreter`` under Triton's interpreter). Here: the
 in-place state is the caller's own tensor, refused head sizes and bad shapes
-raise before anything is written, and on CUDA the full-size cases. Without a
+raise before anything is written, the decode linear kernel (no gdn op of its
+own) against fp64 products, and on CUDA the full-size cases. Without a
 GPU these run under Triton's interpreter, in a child process
 (tests/triton_interpreter.py).
 """
@@ -61,6 +62,34 @@ else:
                 *inputs.as_args()[:5], state, output=inputs.value[:, :, :2].clone(), final_state=state
             )
         assert torch.equal(state, inputs.initial_state)
+
+    # The decode linear kernel (cuda_backend.kernels.linear) against fp64 products: out_features that no row
+    # block divides and in_features that no tile width divides, with and without bias; Qwen3.5-0.8B's
+    # output layer's width on a GPU only.
+    LINEAR_SHAPES = [(7, 33, True), (300, 1000, False), (1024, 96, True)] + ([(248320, 1024, False)] if ON_CUDA else [])
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+    @pytest.mark.parametrize("out_features, in_features, has_bias", LINEAR_SHAPES,
+                             ids=lambda value: str(value))
+    def test_decode_linear_matches_the_fp64_product(out_features, in_features, has_bias, dtype, generator):
+        def randn(*shape):
+            return torch.randn(*shape, generator=generator).to(dtype).to(DEVICE)
+
+        x, weight = randn(1, 1, in_features), randn(out_features, in_features)
+        bias = randn(out_features) if has_bias else None
+        expected = torch.nn.functional.linear(x.double(), weight.double(), None if bias is None else bias.double())
+        actual = cuda_backend.decode_linear(x, weight, bias)
+        assert actual.shape == (1, 1, out_features) and actual.dtype == dtype
+        error = ((actual.double() - expected).abs().max() / expected.abs().max()).item()
+        assert error <= (1e-5 if dtype == torch.float32 else 1e-2), error
+
+    def test_decode_linear_refuses_more_than_one_token(generator):
+        weight = torch.randn(8, 16, generator=generator).to(DEVICE)
+        with pytest.raises(ValueError, match="x must hold one token of 16 features"):
+            cuda_backend.decode_linear(torch.randn(1, 2, 16, generator=generator).to(DEVICE), weight)
+        with pytest.raises(ValueError, match=r"bias must be \[8\]"):
+            cuda_backend.decode_linear(torch.randn(1, 1, 16, generator=generator).to(DEVICE), weight,
+                                       torch.randn(9, generator=generator).to(DEVICE))
 
     if ON_CUDA:
         # Full size on the GPU: Qwen3.5's larger models (Hk = 16, Hv = 32, Dk = Dv = 128).

@@ -86,18 +86,23 @@ def _triton_kernels(decomposed) -> set[str]:
 
 
 @directly
-def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(methods, decomposed):
+def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoint, methods, decomposed):
     assert sorted(methods) == ["decode", "prefill"]
     # The tiny model's layers: linear, linear, full attention.
     recurrent, chunked = "gdn_cuda.fused_recurrent_gated_delta_rule.default", \
         "gdn_cuda.fused_chunked_gated_delta_rule.default"
-    attention = "gdn_cuda.cached_attention.default"
-    assert _gdn_ops(methods["decode"]) == [recurrent, recurrent, attention]
-    assert _gdn_ops(methods["prefill"]) == [chunked, chunked, attention]
+    attention, linear = "gdn_cuda.cached_attention.default", "gdn_cuda.decode_linear.default"
+    decode_ops, prefill_ops = _gdn_ops(methods["decode"]), _gdn_ops(methods["prefill"])
+    assert [op for op in decode_ops if op != linear] == [recurrent, recurrent, attention]
+    assert [op for op in prefill_ops if op != linear] == [chunked, chunked, attention]
+    # Decode takes every linear layer through the matrix-vector kernel; prefill only the output layer,
+    # which sees the last position alone.
+    linears = sum(isinstance(module, torch.nn.Linear) for module in _cuda_model(checkpoint).modules())
+    assert (decode_ops.count(linear), prefill_ops.count(linear)) == (linears, 1)
     decode_kernels, prefill_kernels = _triton_kernels(decomposed["decode"]), _triton_kernels(decomposed["prefill"])
     # Decode splits the cache between programs and merges their spans; prefill walks it in one pass.
     assert decode_kernels == {"recurrent_gated_delta_rule_kernel", "cached_attention_kernel",
-                              "merge_spans_kernel"}, decode_kernels
+                              "merge_spans_kernel", "decode_linear_kernel"}, decode_kernels
     assert {"chunk_prepare_kernel", "chunk_state_kernel", "cached_attention_kernel"} <= prefill_kernels, \
         prefill_kernels
     assert not {"recurrent_gated_delta_rule_kernel", "merge_spans_kernel"} & prefill_kernels
@@ -105,7 +110,8 @@ def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(methods,
 
 # Each kernel's tensor arguments and the stride arguments it reads them through (cuda_backend/kernels).
 KERNEL_STRIDES = {"q_ptr": "sq", "k_ptr": "sk", "v_ptr": "sv", "g_ptr": "sg", "beta_ptr": "sbeta",
-                  "state_in_ptr": "ss", "state_out_ptr": "ss", "out_ptr": "so", "part_ptr": "sp", "lse_ptr": "sl"}
+                  "state_in_ptr": "ss", "state_out_ptr": "ss", "out_ptr": "so", "part_ptr": "sp", "lse_ptr": "sl",
+                  "w_ptr": "sw"}
 
 
 def _value(argument):

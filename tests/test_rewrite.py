@@ -9,6 +9,7 @@ import cuda_backend  # noqa: F401  (defines torch.ops.gdn_cuda, the CUDA rewrite
 from gdn_export.loading import load_qwen35
 from gdn_export.models.qwen35 import GatedAttention, GatedDeltaNet, MaskedCacheAttention, PerTokenRecurrence
 from cuda_backend.attention import CudaCachedAttention
+from cuda_backend.linear import DecodeLinear
 from cuda_backend.recurrence import CudaFusedRecurrence
 from gdn_export import backends
 from gdn_export.passes import CachedAttentionOp, FusedOpRecurrence, InplaceOpRecurrence, rewrite
@@ -78,6 +79,11 @@ def test_each_backend_gets_its_recurrence(dense_checkpoint):
         attention_class = {"portable": CachedAttentionOp, "xnnpack": CachedAttentionOp,
                            "cuda": CudaCachedAttention}.get(backend, MaskedCacheAttention)
         assert all(type(layer.attend) is attention_class for layer in full_attention_layers(model)), backend
+        # CUDA's linear layers take one token through its matrix-vector kernel, under the same parameter names.
+        linear_class = DecodeLinear if backend == "cuda" else torch.nn.Linear
+        linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
+        assert linears and all(type(module) is linear_class for module in linears), backend
+        assert model.state_dict().keys() == load_qwen35(dense_checkpoint, max_seq_len=8).state_dict().keys()
 
 
 def test_non_float32_caches_keep_the_masked_attention(dense_checkpoint):

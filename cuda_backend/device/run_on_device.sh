@@ -10,6 +10,8 @@
 #          one at a time does not fit in 10 minutes, and 12 workers ran the GPU out of memory)
 #   variants: every chunked launch shape of cuda_backend.LAUNCH_SHAPE_SWEEPS (what gdn-bench cuda
 #          --chunked-sweep times) against the fp64 reference
+#   decode-linear-probe: the decode linear kernel against cuBLAS on every linear shape of a 0.8B and 4B decode
+#          step (cuda_backend/device/decode_linear_probe.py)
 #   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
 #   lower: export_qwen35 --backend cuda on a tiny checkpoint: the .pte + .ptd through ExecuTorch's
@@ -80,6 +82,8 @@ for step in "${steps[@]}"; do
     variants)
       python3 -m cuda_backend.device.chunked_variants > "$OUT/variants.log" 2>&1 || status=1
       grep -v "Warning\|^ *from \|^ *\"\"\"" "$OUT/variants.log" | tail -60 ;;
+    decode-linear-probe)
+      python3 -m cuda_backend.device.decode_linear_probe 2>&1 | tee "$OUT/decode_linear_probe.log" || status=1 ;;
     aoti)
       python3 -X faulthandler -m cuda_backend.device.aoti_check "$OUT" > "$OUT/aoti.log" 2>&1 || status=1
       grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/aoti.log" | tail -30 ;;

@@ -77,7 +77,7 @@ def cached_attention_kernel(
         col_ok = cols < high
         keys = tl.load(k_base + d[:, None] * sk_d + cols[None, :] * sk_s,
                        mask=d_ok[:, None] & col_ok[None, :], other=0.0).to(q.dtype)
-        scores = dot_fp32(q, keys, DOT_PRECISION, WIDEN) * scale_log2
+        scores = (dot_fp32(q, keys, DOT_PRECISION, WIDEN) * scale_log2).to(tl.float32)  # AOTInductor: fp64 scale
         # Causal. (A span is a whole number of tiles, so no tile reaches into the next span.)
         scores = tl.where(cols[None, :] <= position[:, None], scores, float("-inf"))
         new_max = tl.maximum(row_max, tl.max(scores, 1))

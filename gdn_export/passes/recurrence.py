@@ -1,11 +1,12 @@
-"""Give each layer of the model its backend's form of the recurrence and the attention.
+"""Give each layer of the model its backend's form of the recurrence, the attention and the linear layers.
 
 The model delegates its recurrence to a ``recurrence`` submodule called as
 ``recurrence(mixed_qkv, a, b, A_log, dt_bias, recurrent_state) -> [B, T, Hv, Dv]``
 that leaves the final state in ``recurrent_state``, and its full attention to
 an ``attend`` submodule. ``rewrite`` asks the backend (``gdn_export.backends``)
 for a module of each and puts it in place, so the exported program neither
-loops over tokens nor copies the state.
+loops over tokens nor copies the state; a backend may also replace the
+``nn.Linear`` layers (CUDA's decode takes them through a matrix-vector kernel).
 
 The modules here call the ``gdn`` ops, and backends pick among them:
 
@@ -63,4 +64,10 @@ def rewrite(model: nn.Module, backend: str) -> nn.Module:
             attend = chosen.attention(module)
             if attend is not None:
                 module.attend = attend
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:  # exactly: a replacement may subclass it, and is not replaced again
+                replacement = chosen.linear(child)
+                if replacement is not None:
+                    setattr(parent, name, replacement)
     return model

@@ -1,0 +1,42 @@
+"""The CUDA program's linear layers: one token through ``gdn_cuda::decode_linear``, more through ``F.linear``.
+
+A decode step's linear layers are matrix-vector products bound by the weights'
+bytes; AOTInductor would compile them as matrix templates that read the
+weights well below the copy bandwidth (``cuda_backend.kernels.linear``). As
+with the recurrence, the choice is made when the graph is traced: the decode
+method (T = 1, static) holds the decode kernel, the prefill method (T dynamic)
+the matrix products AOTInductor tunes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+
+class DecodeLinear(nn.Linear):
+    """An ``nn.Linear`` (the same parameters, under the same names) whose one-token calls take the decode kernel."""
+
+    @classmethod
+    def sharing(cls, linear: nn.Linear) -> "DecodeLinear":
+        try:
+            import cuda_backend.triton_ops  # noqa: F401  (registers torch.ops.gdn_cuda.*)
+        except ImportError as error:
+            raise RuntimeError(
+                f"rewrite(model, backend='cuda') needs Triton, whose kernels the CUDA program runs ({error}); "
+                "install it with pip install triton"
+            ) from error
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.in_features, module.out_features = linear.in_features, linear.out_features
+        module.weight = linear.weight
+        module.register_parameter("bias", linear.bias)
+        return module
+
+    def forward(self, x):
+        # One token of a batch of one; a symbolic T not known to be 1 takes F.linear.
+        if x.dim() == 3 and guard_or_false(x.shape[0] == 1) and guard_or_false(x.shape[1] == 1):
+            return torch.ops.gdn_cuda.decode_linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
