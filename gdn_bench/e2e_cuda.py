@@ -262,13 +262,13 @@ def decode_weight_bytes(config: dict, bytes_per_weight: int = BYTES_PER_WEIGHT) 
     return bytes_per_weight * (layers + hidden + output)
 
 
-def decode_state_bytes(config: dict, context: int, bytes_per_element: int = BYTES_PER_WEIGHT) -> dict:
-    """What else a decode step of our program moves: the KV caches it attends over (the model's own attention
-    multiplies against the whole cache of ``context`` positions and masks the tail), and the fp32 recurrent
-    states, read and written."""
+def decode_state_bytes(config: dict, positions: int, bytes_per_element: int = BYTES_PER_WEIGHT) -> dict:
+    """What else a decode step of our program moves: the KV caches' first ``positions`` positions, which its
+    attention reads (``gdn_cuda::cached_attention`` walks the cache up to the step's own position), and the
+    fp32 recurrent states, read and written."""
     config = config.get("text_config", config)
     kinds = list(config["layer_types"])
-    kv = (kinds.count("full_attention") * 2 * config["num_key_value_heads"] * config["head_dim"] * context
+    kv = (kinds.count("full_attention") * 2 * config["num_key_value_heads"] * config["head_dim"] * positions
           * bytes_per_element)
     recurrent = (kinds.count("linear_attention") * config["linear_num_value_heads"] * config["linear_key_head_dim"]
                  * config["linear_value_head_dim"] * 4 * 2)
@@ -578,8 +578,8 @@ def report(results: dict, builds: dict, sizes: dict, prompts: tuple, shapes: tup
             lines.append(
                 f"{shape}: a decode step reads {entry['weight_bytes'] / 1e9:.2f} GB of {DTYPE} weights"
                 + (f": roofline {bound:.0f} tok/s" if bound else "")
-                + f". Not in the roofline: our program also reads {state['kv_cache_bytes'] / 1e6:.0f} MB of KV "
-                  f"cache (its attention covers all {entry['context']} positions) and moves "
+                + f". Not in the roofline: our program also reads up to {state['kv_cache_bytes'] / 1e6:.0f} MB of KV "
+                  f"cache (its attention reads the positions written so far, at most {entry.get('attended', entry['context'])}) and moves "
                   f"{state['recurrent_state_bytes'] / 1e6:.0f} MB of fp32 recurrent state (read + written) per step."
                 + (f" It takes a prompt in calls of at most {entry['ours']['prefill_chunk']} tokens."
                    if "ours" in entry else "")
@@ -684,8 +684,10 @@ def run(args) -> int:
     for shape, layout in shapes.items():
         config = json.loads((layout.checkpoint / "config.json").read_text())
         entry = results.setdefault(shape, {})
-        entry.update(weight_bytes=decode_weight_bytes(config), context=layout.context,
-                     state_bytes=decode_state_bytes(config, layout.context))
+        # A timed decode step attends over at most the first prompt and the decode steps.
+        attended = args.prompts[0] + args.decode_steps
+        entry.update(weight_bytes=decode_weight_bytes(config), context=layout.context, attended=attended,
+                     state_bytes=decode_state_bytes(config, attended))
         prompts = {}  # {length: the runner's prompt ids}
         for system in OURS_SYSTEMS:
             if system not in args.only:

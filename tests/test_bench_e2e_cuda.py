@@ -339,7 +339,7 @@ def synthetic_results(generator) -> dict:
         "device": {"name": "GPU", "torch": "t", "copy_bandwidth_bytes_s": bandwidth, "copy_bytes": 4 << 30,
                    "measured_at": "m"},
         "0.8b": {
-            "weight_bytes": weights["0.8b"], "context": 8192, "state_bytes": state,
+            "weight_bytes": weights["0.8b"], "context": 8192, "attended": 640, "state_bytes": state,
             "ours": entry({"512": 3 * hf_prefill[0], "2048": 2 * hf_prefill[1], "8192": 1.2 * hf_prefill[2]},
                           0.5 * roof["0.8b"], digests, {"512": 7, "2048": 8, "8192": 9}, prefill_chunk=2048,
                           decode_prompt=512, decode_ids=[7, 4, 4, 1]),
@@ -351,7 +351,7 @@ def synthetic_results(generator) -> dict:
                         versions={"transformers": "5.23.0", "fla": "0.6.0", "torch": "t"}),
         },
         "4b": {
-            "weight_bytes": weights["4b"], "context": 8192, "state_bytes": state,
+            "weight_bytes": weights["4b"], "context": 8192, "attended": 640, "state_bytes": state,
             "ours": entry({"512": 1.0, "2048": 1.6 * hf_prefill[1]}, 0.55 * roof["4b"],
                           {"512": "a", "2048": "b"}, {"512": 1, "2048": 2}, prefill_chunk=2048),
             "hf": entry({"512": 1.0, "2048": hf_prefill[1]}, 8.2, {"512": "a", "2048": "b"}, {"512": 1, "2048": 5}),
