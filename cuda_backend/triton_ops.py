@@ -371,38 +371,47 @@ ATTENTION_SPLIT_MAX_ROWS = 64
 LOG2_E = 1.4426950408889634
 
 
-def _attention_launch(rows, num_kv_heads: int, head_dim: int, max_len: int, element_bytes: int) -> dict:
+def _attention_launch(rows, num_kv_heads: int, head_dim: int, max_len: int, element_bytes: int,
+                      overrides: Optional[dict] = None) -> dict:
     """Launch shape of ``cached_attention_kernel``; ``rows`` (G * T) is an int, or symbolic in a traced prefill.
 
     A known, small row count (decode) splits the cache into spans so that about
     ATTENTION_TARGET_PROGRAMS programs share it; a symbolic one (a prefill traced
     over a range of T) walks it in one pass, its row blocks giving the programs.
     Tiles: 64 rows, 64 (fp32 at D > 128: 32) positions per step, two stages of
-    K/V tiles in shared memory (fp32: one).
+    K/V tiles in shared memory (fp32: one). ``overrides`` sets any of split,
+    block_m, block_n, num_warps, num_stages (``device/attention_probe.py`` times them).
     """
+    overrides = dict(overrides or {})
     block_d = triton.next_power_of_2(head_dim)
-    block_n = 64 if element_bytes <= 2 or block_d <= 128 else 32
     known = isinstance(rows, int)
-    split = known and rows <= ATTENTION_SPLIT_MAX_ROWS
-    block_m = min(64, max(16, triton.next_power_of_2(rows))) if known else 64
+    split = overrides.pop("split", known and rows <= ATTENTION_SPLIT_MAX_ROWS)
+    block_n = overrides.pop("block_n", 64 if element_bytes <= 2 or block_d <= 128 else 32)
+    default_m = min(64, max(16, triton.next_power_of_2(rows))) if known else 64
+    block_m = overrides.pop("block_m", default_m)
     row_blocks = triton.cdiv(rows, block_m)
     span = max_len
     if split:
         wanted = max(1, ATTENTION_TARGET_PROGRAMS // (num_kv_heads * row_blocks))
         span = block_n * triton.cdiv(triton.cdiv(max_len, wanted), block_n)
-    return dict(
+    launch = dict(
         split=split, block_m=block_m, block_n=block_n, block_d=block_d, row_blocks=row_blocks, span=span,
         splits=triton.cdiv(max_len, span), num_warps=8 if block_m * block_d >= 64 * 256 else 4,
         num_stages=2 if element_bytes <= 2 else 1,
     )
+    unknown = set(overrides) - {"num_warps", "num_stages"}
+    if unknown:
+        raise ValueError(f"attention launch overrides: unknown {sorted(unknown)}")
+    return {**launch, **overrides}
 
 
-def run_cached_attention(query, k_cache, v_cache, input_pos, output, *, scale=None) -> None:
-    """``cached_attention_kernel`` (and, split, ``merge_spans_kernel``) into ``output`` [Hq, T, D]."""
+def run_cached_attention(query, k_cache, v_cache, input_pos, output, *, scale=None, launch_shape=None) -> None:
+    """``cached_attention_kernel`` (and, split, ``merge_spans_kernel``) into ``output`` [Hq, T, D];
+    ``launch_shape`` overrides entries of ``_attention_launch``'s choice."""
     num_heads, length, head_dim = query.shape
     num_kv_heads, _, max_len = k_cache.shape
     group = num_heads // num_kv_heads
-    launch = _attention_launch(group * length, num_kv_heads, head_dim, max_len, query.element_size())
+    launch = _attention_launch(group * length, num_kv_heads, head_dim, max_len, query.element_size(), launch_shape)
     scale = head_dim**-0.5 if scale is None else scale
     splits = launch["splits"] if launch["split"] else 1
     # The spans' partial outputs and log2-sum-exps; one pass writes neither (one-element stand-ins).

@@ -12,6 +12,9 @@
 #          --chunked-sweep times) against the fp64 reference
 #   decode-linear-probe: the decode linear kernel against cuBLAS on every linear shape of a 0.8B and 4B decode
 #          step (cuda_backend/device/decode_linear_probe.py)
+#   attention-probe: the cached-attention kernels' launch shapes at the 0.8B and 4B attention layers (prefill
+#          chunks deep into an 8192 prompt, decode), against PyTorch's flash attention
+#          (cuda_backend/device/attention_probe.py)
 #   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
 #   lower: export_qwen35 --backend cuda on a tiny checkpoint: the .pte + .ptd through ExecuTorch's
@@ -84,6 +87,8 @@ for step in "${steps[@]}"; do
       grep -v "Warning\|^ *from \|^ *\"\"\"" "$OUT/variants.log" | tail -60 ;;
     decode-linear-probe)
       python3 -m cuda_backend.device.decode_linear_probe 2>&1 | tee "$OUT/decode_linear_probe.log" || status=1 ;;
+    attention-probe)
+      python3 -m cuda_backend.device.attention_probe 2>&1 | tee "$OUT/attention_probe.log" || status=1 ;;
     aoti)
       python3 -X faulthandler -m cuda_backend.device.aoti_check "$OUT" > "$OUT/aoti.log" 2>&1 || status=1
       grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/aoti.log" | tail -30 ;;
