@@ -70,6 +70,11 @@ class Backend:
         """The ``attend`` module for one full-attention layer, or None to keep the model's own."""
         return None
 
+    def merged_linears(self, layer: nn.Module) -> list[tuple[str, ...]]:
+        """Names of ``layer``'s linear children to compute as one product each (``gdn_export.passes.linear_groups``):
+        a list of groups, by default none."""
+        return []
+
     def linear(self, layer: nn.Linear) -> Optional[nn.Module]:
         """The module in place of one of the model's ``nn.Linear`` layers (its parameters under the same
         names), or None to keep it."""

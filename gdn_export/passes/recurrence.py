@@ -5,7 +5,8 @@ The model delegates its recurrence to a ``recurrence`` submodule called as
 that leaves the final state in ``recurrent_state``, and its full attention to
 an ``attend`` submodule. ``rewrite`` asks the backend (``gdn_export.backends``)
 for a module of each and puts it in place, so the exported program neither
-loops over tokens nor copies the state; a backend may also replace the
+loops over tokens nor copies the state; a backend may also merge sibling
+linear layers that read the same input (``linear_groups``) and replace the
 ``nn.Linear`` layers (CUDA's decode takes them through a matrix-vector kernel).
 
 The modules here call the ``gdn`` ops, and backends pick among them:
@@ -29,6 +30,7 @@ from torch import nn
 from gdn_export.backends import get_backend
 from gdn_export.models.qwen35 import GatedAttention, GatedDeltaNet
 from gdn_export.ops.fused import gating, split_heads  # importing gdn_export.ops defines torch.ops.gdn
+from gdn_export.passes.linear_groups import merge_linears
 
 
 class InplaceOpRecurrence(nn.Module):
@@ -64,6 +66,9 @@ def rewrite(model: nn.Module, backend: str) -> nn.Module:
             attend = chosen.attention(module)
             if attend is not None:
                 module.attend = attend
+    for layer in list(model.modules()):
+        for names in chosen.merged_linears(layer):
+            merge_linears(layer, names)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:  # exactly: a replacement may subclass it, and is not replaced again

@@ -1,0 +1,82 @@
+"""Sibling linear layers that read the same input, computed as one product.
+
+A layer's projections of one input (attention's q/k/v, Gated DeltaNet's
+in_proj qkv/z/b/a, the MLP's gate/up) are separate ``nn.Linear`` layers in the
+model, so a program runs one matrix product, or at one token one
+matrix-vector kernel, per projection. Where launches cost (a GPU decode step
+is hundreds of small kernels), a backend asks ``rewrite`` to merge them
+(``Backend.merged_linears``): the layer gets one ``LinearGroup`` whose
+``projection`` holds the weights stacked along the output dim, and each former
+projection becomes a ``LinearGroupMember`` that returns its slice of the
+group's output. The layer's own forward is unchanged: its first projection
+call computes the product, and the others, called with the same input tensor,
+take their slices of it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+
+class LinearGroup(nn.Module):
+    """One ``nn.Linear`` (``projection``) over the stacked weights of sibling layers; its output in their slices."""
+
+    def __init__(self, linears: Sequence[nn.Linear]):
+        super().__init__()
+        in_features = {linear.in_features for linear in linears}
+        if len(in_features) != 1:
+            raise ValueError(f"LinearGroup: the layers must read one input size, got {sorted(in_features)}")
+        self.sizes = [linear.out_features for linear in linears]
+        first = linears[0].weight
+        has_bias = any(linear.bias is not None for linear in linears)
+        self.projection = nn.Linear(in_features.pop(), sum(self.sizes), bias=has_bias, device="meta")
+        with torch.no_grad():
+            self.projection.weight = nn.Parameter(torch.cat([linear.weight for linear in linears]),
+                                                  requires_grad=first.requires_grad)
+            if has_bias:
+                biases = [linear.bias if linear.bias is not None else
+                          torch.zeros(linear.out_features, dtype=first.dtype, device=first.device)
+                          for linear in linears]
+                self.projection.bias = nn.Parameter(torch.cat(biases), requires_grad=first.requires_grad)
+        # The last input and its slices: the members are called one after another with the same tensor.
+        self._last: tuple = (None, ())
+
+    def slices(self, x: torch.Tensor) -> tuple:
+        if self._last[0] is not x:
+            self._last = (x, torch.split(self.projection(x), self.sizes, dim=-1))
+        return self._last[1]
+
+
+class LinearGroupMember(nn.Module):
+    """One former layer of a ``LinearGroup``: its slice of the group's output (the group is not a submodule,
+    so its weights appear once, under the group's name)."""
+
+    def __init__(self, group: LinearGroup, index: int, in_features: int):
+        super().__init__()
+        self.__dict__["group"] = group  # unregistered on purpose: the parent layer owns the group
+        self.index = index
+        self.in_features, self.out_features = in_features, group.sizes[index]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.group.slices(x)[self.index]
+
+    def extra_repr(self) -> str:
+        return f"slice {self.index} of a LinearGroup, in_features={self.in_features}, out_features={self.out_features}"
+
+
+def merge_linears(layer: nn.Module, names: Sequence[str]) -> LinearGroup:
+    """Replace ``layer``'s linear children ``names`` by members of one group, registered as
+    ``layer.<names joined by "__">``; returns the group."""
+    linears = [getattr(layer, name) for name in names]
+    for name, linear in zip(names, linears):
+        if type(linear) is not nn.Linear:
+            raise TypeError(f"merge_linears: {type(layer).__name__}.{name} is a {type(linear).__name__}, "
+                            "not an nn.Linear")
+    group = LinearGroup(linears)
+    layer.add_module("__".join(names), group)
+    for index, (name, linear) in enumerate(zip(names, linears)):
+        setattr(layer, name, LinearGroupMember(group, index, linear.in_features))
+    return group
