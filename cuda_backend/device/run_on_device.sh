@@ -15,6 +15,9 @@
 #   attention-probe: the cached-attention kernels' launch shapes at the 0.8B and 4B attention layers (prefill
 #          chunks deep into an 8192 prompt, decode), against PyTorch's flash attention
 #          (cuda_backend/device/attention_probe.py)
+#   decode-profile: Nsight Compute's kernel durations of a decode step of a program cuda-bench built
+#          (PROFILE_PROGRAM, default the first build/e2e_cuda/0.8b/ours_* folder; its checkpoint's tokenizer),
+#          summed by kernel (cuda_backend/device/profile_decode.py)
 #   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
 #   lower: export_qwen35 --backend cuda on a tiny checkpoint: the .pte + .ptd through ExecuTorch's
@@ -89,6 +92,12 @@ for step in "${steps[@]}"; do
       python3 -m cuda_backend.device.decode_linear_probe 2>&1 | tee "$OUT/decode_linear_probe.log" || status=1 ;;
     attention-probe)
       python3 -m cuda_backend.device.attention_probe 2>&1 | tee "$OUT/attention_probe.log" || status=1 ;;
+    decode-profile)
+      program=${PROFILE_PROGRAM:-$(ls -d build/e2e_cuda/0.8b/ours_* 2>/dev/null | head -1)}
+      [ -d "$program" ] || { echo "decode-profile: no program folder ($program); run cuda-bench first"; status=1; continue; }
+      python3 -m cuda_backend.device.profile_decode --program "$program" \
+          --tokenizer "$(dirname "$program")/checkpoint/tokenizer.json" --out "$OUT/decode_profile.csv" 2>&1 \
+          | tee "$OUT/decode_profile.log" || status=1 ;;
     aoti)
       python3 -X faulthandler -m cuda_backend.device.aoti_check "$OUT" > "$OUT/aoti.log" 2>&1 || status=1
       grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/aoti.log" | tail -30 ;;
