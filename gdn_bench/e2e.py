@@ -843,6 +843,13 @@ def format_rate(value: Optional[float]) -> str:
     return "-" if value is None else f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
+def short_rate(value: float) -> str:
+    """A bar's label, short: 76086.5 -> 76.1k, 323.04 -> 323, 19.91 -> 19.9."""
+    if value >= 1000:
+        return f"{value / 1000:.3g}k"
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Optional[dict] = None) -> str:
     """The markdown tables: tok/s, ratios against the issue's floors, sizes against llama.cpp's files
     (``sizes``: bytes by system), quality, and build costs."""
@@ -961,7 +968,7 @@ def draw_rates(axes, rows: dict, prompts: tuple, line: Optional[tuple] = None) -
         values = [entry["prefill_tok_s"].get(str(p)) for p in prompts] + [entry.get("decode_tok_s")]
         positions = [m + (index - (len(rows) - 1) / 2) * width for m in range(len(measures))]
         bars = axes.bar(positions, [v or 0 for v in values], width, label=label)
-        axes.bar_label(bars, labels=[format_rate(v) if v else "" for v in values], fontsize=7)
+        axes.bar_label(bars, labels=[short_rate(v) if v else "" for v in values], fontsize=7)
     if line is not None:
         decode = len(measures) - 1
         axes.hlines(line[0], decode - 0.45, decode + 0.45, colors="black", linestyles="dashed", label=line[1])
