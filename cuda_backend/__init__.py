@@ -30,5 +30,18 @@ else:
 
     gated_delta_rule = fused_gated_delta_rule = cached_attention = decode_linear = launch_kernel = _needs_triton
 
+def triton_ops_for_rewrite():
+    """``cuda_backend.triton_ops`` (importing it registers ``torch.ops.gdn_cuda.*``), for the modules
+    ``rewrite(model, "cuda")`` puts in a model; without Triton, a RuntimeError saying how to get it."""
+    try:
+        import cuda_backend.triton_ops as kernels
+    except ImportError as error:
+        raise RuntimeError(
+            f"rewrite(model, backend='cuda') needs Triton, whose kernels the CUDA program runs ({error}); "
+            "install it with pip install triton"
+        ) from error
+    return kernels
+
+
 __all__ = ["gated_delta_rule", "fused_gated_delta_rule", "cached_attention", "decode_linear", "launch_kernel",
            "LAUNCH_SHAPE_SWEEPS", "SUPPORTED_HEAD_DIMS"]

@@ -19,13 +19,9 @@ class CudaCachedAttention(nn.Module):
 
     def __init__(self):
         super().__init__()
-        try:
-            import cuda_backend.triton_ops as kernels  # registers torch.ops.gdn_cuda.*
-        except ImportError as error:
-            raise RuntimeError(
-                f"rewrite(model, backend='cuda') needs Triton, whose kernels the CUDA program runs ({error}); "
-                "install it with pip install triton"
-            ) from error
+        from cuda_backend import triton_ops_for_rewrite
+
+        kernels = triton_ops_for_rewrite()
         self.attend = kernels.cached_attention_op
 
     def forward(self, query, k_cache, v_cache, positions, mask):

@@ -21,13 +21,9 @@ class DecodeLinear(nn.Linear):
 
     @classmethod
     def sharing(cls, linear: nn.Linear) -> "DecodeLinear":
-        try:
-            import cuda_backend.triton_ops  # noqa: F401  (registers torch.ops.gdn_cuda.*)
-        except ImportError as error:
-            raise RuntimeError(
-                f"rewrite(model, backend='cuda') needs Triton, whose kernels the CUDA program runs ({error}); "
-                "install it with pip install triton"
-            ) from error
+        from cuda_backend import triton_ops_for_rewrite
+
+        triton_ops_for_rewrite()  # registers torch.ops.gdn_cuda.decode_linear
         module = cls.__new__(cls)
         nn.Module.__init__(module)
         module.in_features, module.out_features = linear.in_features, linear.out_features

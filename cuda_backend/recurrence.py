@@ -20,13 +20,9 @@ class CudaFusedRecurrence(nn.Module):
 
     def __init__(self):
         super().__init__()
-        try:
-            import cuda_backend.triton_ops as kernels  # registers torch.ops.gdn_cuda.*
-        except ImportError as error:
-            raise RuntimeError(
-                f"rewrite(model, backend='cuda') needs Triton, whose kernels the CUDA program runs ({error}); "
-                "install it with pip install triton"
-            ) from error
+        from cuda_backend import triton_ops_for_rewrite
+
+        kernels = triton_ops_for_rewrite()
 
         self.decode = kernels.fused_recurrent_gated_delta_rule
         self.prefill = kernels.fused_chunked_gated_delta_rule

@@ -380,7 +380,7 @@ def _attention_launch(rows, num_kv_heads: int, head_dim: int, max_len: int, elem
     over a range of T) walks it in one pass, its row blocks giving the programs.
     Tiles: 64 rows, 64 (fp32 at D > 128: 32) positions per step, two stages of
     K/V tiles in shared memory (fp32: one). ``overrides`` sets any of split,
-    block_m, block_n, num_warps, num_stages (``device/attention_probe.py`` times them).
+    block_m, block_n, num_warps, num_stages (``gdn_bench.cuda_layers attention`` times them).
     """
     overrides = dict(overrides or {})
     block_d = triton.next_power_of_2(head_dim)

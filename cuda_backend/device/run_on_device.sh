@@ -10,11 +10,9 @@
 #          one at a time does not fit in 10 minutes, and 12 workers ran the GPU out of memory)
 #   variants: every chunked launch shape of cuda_backend.LAUNCH_SHAPE_SWEEPS (what gdn-bench cuda
 #          --chunked-sweep times) against the fp64 reference
-#   decode-linear-probe: the decode linear kernel against cuBLAS on every linear shape of a 0.8B and 4B decode
-#          step (cuda_backend/device/decode_linear_probe.py)
-#   attention-probe: the cached-attention kernels' launch shapes at the 0.8B and 4B attention layers (prefill
-#          chunks deep into an 8192 prompt, decode), against PyTorch's flash attention
-#          (cuda_backend/device/attention_probe.py)
+#   cuda-layers: python -m gdn_bench.cuda_layers for each of CUDA_LAYERS (default "linear attention"): the decode
+#          linear kernel against cuBLAS on a 0.8B and 4B decode step's linear shapes, and the cached-attention
+#          kernels' launch shapes against PyTorch's flash attention (prefill chunks deep into an 8192 prompt, decode)
 #   decode-profile: Nsight Compute's kernel durations of a decode step of a program cuda-bench built
 #          (PROFILE_PROGRAM, default the first build/e2e_cuda/0.8b/ours_* folder; its checkpoint's tokenizer),
 #          summed by kernel (cuda_backend/device/profile_decode.py)
@@ -88,10 +86,10 @@ for step in "${steps[@]}"; do
     variants)
       python3 -m cuda_backend.device.chunked_variants > "$OUT/variants.log" 2>&1 || status=1
       grep -v "Warning\|^ *from \|^ *\"\"\"" "$OUT/variants.log" | tail -60 ;;
-    decode-linear-probe)
-      python3 -m cuda_backend.device.decode_linear_probe 2>&1 | tee "$OUT/decode_linear_probe.log" || status=1 ;;
-    attention-probe)
-      python3 -m cuda_backend.device.attention_probe 2>&1 | tee "$OUT/attention_probe.log" || status=1 ;;
+    cuda-layers)
+      for bench in ${CUDA_LAYERS:-linear attention}; do
+        python3 -m gdn_bench.cuda_layers "$bench" 2>&1 | tee "$OUT/cuda_layers_$bench.log" || status=1
+      done ;;
     decode-profile)
       program=${PROFILE_PROGRAM:-$(ls -d build/e2e_cuda/0.8b/ours_* 2>/dev/null | head -1)}
       [ -d "$program" ] || { echo "decode-profile: no program folder ($program); run cuda-bench first"; status=1; continue; }

@@ -1,0 +1,202 @@
+"""On a GPU: our CUDA program's own layer kernels at the Qwen3.5 shapes, against PyTorch's.
+
+Two benchmarks, each at the 0.8B and 4B configs (``gdn_bench.e2e.SHAPES``), bf16, every
+kernel replayed from a CUDA graph as the program's decode runs with ``--cuda-graph``
+(launched one by one from Python, a small kernel's time is its launch's: a first run
+that way put our decode linear kernel at 23 to 68 us on the 0.8B's small layers,
+whose weights need 1 to 2 us):
+
+* ``linear``: ``cuda_backend.decode_linear`` against ``F.linear`` (cuBLAS) at one
+  token, on every distinct (out, in) shape of a decode step as our program runs it
+  (sibling projections merged), each checked against the other, as GB/s of weights; then a step's linear layers (each shape times its count)
+  against the copy bandwidth measured in the same run.
+* ``attention``: the cached-attention kernels, at the launcher's shape and each of
+  ``ATTENTION_SWEEP``, against ``scaled_dot_product_attention`` (flash attention,
+  bottom-right causal, KV heads shared by their query heads) on the same keys: a
+  2048-token prefill chunk at positions 0, 2048, 4096 and 6144 (a prompt of 8192 in
+  the e2e bench's chunks) and one decode token at 512, 4096 and 8000. Each shape is
+  checked against flash attention's output, then timed: microseconds and causal
+  TFLOP/s (prefill), GB/s of cache read (decode); the fastest correct shape of each
+  case shows what the launcher should choose.
+
+Usage: ``python -m gdn_bench.cuda_layers linear|attention [--shapes 0.8b,4b] [--cache 8320]``
+(the device step: ``run_on_device.sh cuda-layers``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+from gdn_bench.e2e import SHAPES
+
+# Launch shapes tried besides the launcher's own (``run_cached_attention``'s ``launch_shape``).
+ATTENTION_SWEEP = {
+    "prefill": (
+        dict(block_m=64, block_n=32, num_warps=4), dict(block_m=64, block_n=64, num_warps=4),
+        dict(block_m=64, block_n=64, num_stages=3), dict(block_m=128, block_n=32, num_warps=8, num_stages=2),
+        dict(block_m=128, block_n=64, num_warps=8, num_stages=1),
+        dict(block_m=128, block_n=32, num_warps=8, num_stages=3), dict(block_m=32, block_n=64, num_warps=4),
+    ),
+    "decode": (dict(block_n=32), dict(block_n=128, num_warps=8), dict(split=False), dict(num_warps=8)),
+}
+PREFILL_CALLS = [(2048, position) for position in (0, 2048, 4096, 6144)]  # (T, position)
+DECODE_CALLS = [(1, position) for position in (512, 4096, 8000)]
+
+
+def step_linears(config: dict) -> Counter:
+    """{(out_features, in_features): count} of one decode step's linear layers (dense config) as our CUDA
+    program runs them: the projections a layer makes of one input merged into one
+    (``CudaTritonBackend.merged_linears``)."""
+    hidden, kinds = config["hidden_size"], config["layer_types"]
+    key_dim = config["linear_num_key_heads"] * config["linear_key_head_dim"]
+    value_dim = config["linear_num_value_heads"] * config["linear_value_head_dim"]
+    heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    shapes = Counter()
+    for kind in kinds:
+        if kind == "linear_attention":  # in_proj qkv, z, b, a; out_proj
+            shapes.update({(2 * key_dim + 2 * value_dim + 2 * config["linear_num_value_heads"], hidden): 1,
+                           (hidden, value_dim): 1})
+        else:  # q (with its gate), k, v; o_proj
+            shapes.update({(2 * heads * head_dim + 2 * kv_heads * head_dim, hidden): 1, (hidden, heads * head_dim): 1})
+        shapes.update({(2 * config["intermediate_size"], hidden): 1, (hidden, config["intermediate_size"]): 1})
+    shapes[(config["vocab_size"], hidden)] += 1
+    return shapes
+
+
+def relative_error(actual, expected) -> float:
+    return ((actual.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+
+
+def bench_linears(shapes: list[str]) -> int:
+    import torch
+    import torch.nn.functional as F
+    import triton.testing
+
+    import cuda_backend
+
+    source = torch.empty(2**29, dtype=torch.uint8, device="cuda")
+    copy_ms = triton.testing.do_bench(lambda: source.clone(), rep=200)
+    bandwidth = 2 * source.numel() / copy_ms / 1e6  # GB/s, read + written
+    print(f"copy bandwidth {bandwidth:.0f} GB/s (read + written); a weight read streams at most that")
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    for name in shapes:
+        total = {"ours": 0.0, "cublas": 0.0}
+        weight_bytes = 0
+        print(f"\n{name}: shape (out, in) x count | ours us, GB/s | cuBLAS us, GB/s | max rel diff")
+        for (out_features, in_features), count in sorted(step_linears(SHAPES[name]).items()):
+            weight = torch.randn(out_features, in_features, device="cuda", dtype=torch.bfloat16, generator=generator)
+            x = torch.randn(1, 1, in_features, device="cuda", dtype=torch.bfloat16, generator=generator)
+            difference = relative_error(cuda_backend.decode_linear(x, weight), F.linear(x, weight))
+            if difference > 2e-2:
+                print(f"  ({out_features}, {in_features}): MISMATCH, ours and cuBLAS differ by {difference:.1e}")
+                return 1
+            times = {"ours": triton.testing.do_bench_cudagraph(lambda: cuda_backend.decode_linear(x, weight)),
+                     "cublas": triton.testing.do_bench_cudagraph(lambda: F.linear(x, weight))}
+            size = weight.numel() * weight.element_size()
+            weight_bytes += size * count
+            for system in total:
+                total[system] += times[system] * count
+            print(f"  ({out_features}, {in_features}) x {count} | {times['ours'] * 1e3:.1f}, "
+                  f"{size / times['ours'] / 1e6:.0f} | {times['cublas'] * 1e3:.1f}, "
+                  f"{size / times['cublas'] / 1e6:.0f} | {difference:.1e}")
+        floor_ms = weight_bytes / bandwidth / 1e6  # as the e2e bench's roofline: reads at the copy's bytes moved
+        print(f"{name}: a step's linears read {weight_bytes / 1e9:.2f} GB: ours {total['ours']:.3f} ms, "
+              f"cuBLAS {total['cublas']:.3f} ms, the copy-bandwidth floor {floor_ms:.3f} ms "
+              f"(ours at {floor_ms / total['ours']:.2f} of it, cuBLAS at {floor_ms / total['cublas']:.2f})")
+    return 0
+
+
+def bench_attention(shapes: list[str], cache: int) -> int:
+    import torch
+    import torch.nn.functional as F
+    import triton.testing
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+
+    from cuda_backend.triton_ops import run_cached_attention
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    failed = False
+    for name in shapes:
+        config = SHAPES[name]
+        heads, kv_heads, head_dim = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+        group = heads // kv_heads
+
+        def randn(*size):
+            return torch.randn(*size, device="cuda", dtype=torch.bfloat16, generator=generator)
+
+        k_cache, v_cache = randn(kv_heads, head_dim, cache), randn(kv_heads, cache, head_dim)
+        print(f"\n{name}: {heads} query heads over {kv_heads} KV heads, D {head_dim}, cache {cache}")
+        for kind, calls in (("prefill", PREFILL_CALLS), ("decode", DECODE_CALLS)):
+            for length, position in calls:
+                query = randn(heads, length, head_dim)
+                visible = position + length
+                keys = k_cache[:, :, :visible].transpose(1, 2).repeat_interleave(group, 0).contiguous()[None]
+                values = v_cache[:, :visible].repeat_interleave(group, 0).contiguous()[None]
+                mask = causal_lower_right(length, visible)
+
+                def flash():
+                    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                        return F.scaled_dot_product_attention(query[None], keys, values, attn_mask=mask)
+
+                expected = flash()[0]
+                flash_ms = triton.testing.do_bench_cudagraph(flash)
+                pairs = length * position + length * (length + 1) // 2  # (query, key) pairs per query head
+                flops, cache_bytes = 4 * heads * head_dim * pairs, 2 * kv_heads * visible * head_dim * 2
+
+                def rate(ms):
+                    return (f"{flops / ms / 1e9:.0f} TFLOP/s" if kind == "prefill"
+                            else f"{cache_bytes / ms / 1e6:.0f} GB/s of cache")
+
+                print(f"  {kind} T={length} at {position}: flash attention {flash_ms * 1e3:.1f} us ({rate(flash_ms)})")
+                position_tensor = torch.tensor([position], device="cuda")
+                best = None
+                for launch_shape in ({},) + ATTENTION_SWEEP[kind]:
+                    label = launch_shape or "the launcher's"
+                    output = torch.full_like(query, float("nan"))
+
+                    def ours():
+                        run_cached_attention(query, k_cache, v_cache, position_tensor, output,
+                                             launch_shape=launch_shape)
+
+                    try:
+                        ours()
+                        torch.cuda.synchronize()
+                    except Exception as error:  # noqa: BLE001  (a shape that does not compile is a result)
+                        print(f"    {label}: failed: {type(error).__name__}: {str(error)[:120]}")
+                        continue
+                    error = relative_error(output, expected)
+                    if not error <= 2e-2:
+                        print(f"    {label}: WRONG, max relative error {error:.1e}")
+                        failed = True
+                        continue
+                    ms = triton.testing.do_bench_cudagraph(ours)
+                    if best is None or ms < best[0]:
+                        best = (ms, label)
+                    print(f"    {label}: {ms * 1e3:.1f} us ({rate(ms)}), {flash_ms / ms:.2f}x flash attention's "
+                          f"speed, error {error:.1e}")
+                if best is not None:
+                    print(f"    fastest: {best[1]} at {best[0] * 1e3:.1f} us")
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench", choices=("linear", "attention"))
+    parser.add_argument("--shapes", default="0.8b,4b", help="comma-separated, of " + ", ".join(SHAPES))
+    parser.add_argument("--cache", type=int, default=8320, help="attention: cache positions (the e2e bench's "
+                                                                "8192 + 128)")
+    args = parser.parse_args(argv)
+    shapes = args.shapes.split(",")
+    unknown = [shape for shape in shapes if shape not in SHAPES]
+    if unknown:
+        parser.error(f"--shapes: unknown {', '.join(unknown)} (expected some of {', '.join(SHAPES)})")
+    reach = max(position + length for length, position in PREFILL_CALLS + DECODE_CALLS)
+    if args.cache < reach:
+        parser.error(f"--cache {args.cache}: the attention calls reach position {reach}")
+    return bench_linears(shapes) if args.bench == "linear" else bench_attention(shapes, args.cache)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
