@@ -41,11 +41,17 @@ class CudaTritonBackend(Backend):
     def merged_linears(self, layer: nn.Module) -> list[tuple[str, ...]]:
         """The projections each layer makes of one input, as one product: at one token each is a launch of its
         own, and a decode step's small kernels cost launches more than bytes."""
-        from gdn_export.models.qwen35 import MLP, GatedAttention, GatedDeltaNet
+        from gdn_export.models.qwen35 import GatedAttention, GatedDeltaNet
 
+        # The MLP's gate/up are merged by its own module (``mlp``).
         siblings = {GatedDeltaNet: ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
-                    GatedAttention: ("q_proj", "k_proj", "v_proj"), MLP: ("gate_proj", "up_proj")}
+                    GatedAttention: ("q_proj", "k_proj", "v_proj")}
         return [siblings[type(layer)]] if type(layer) in siblings else []
+
+    def mlp(self, layer: nn.Module) -> Optional[nn.Module]:
+        from cuda_backend.linear import GatedMLP
+
+        return GatedMLP(layer)
 
     def linear(self, layer: nn.Linear) -> Optional[nn.Module]:
         from cuda_backend.linear import DecodeLinear

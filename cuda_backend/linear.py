@@ -1,4 +1,5 @@
-"""The CUDA program's linear layers: one token through ``gdn_cuda::decode_linear``, more through ``F.linear``.
+"""The CUDA program's linear layers: one token through ``gdn_cuda::decode_linear``, more through ``F.linear``;
+and its MLP (``GatedMLP``), whose down projection takes the silu-gated input in the same kernel.
 
 A decode step's linear layers are matrix-vector products bound by the weights'
 bytes; AOTInductor would compile them as matrix templates that read the
@@ -36,3 +37,23 @@ class DecodeLinear(nn.Linear):
         if x.dim() == 3 and guard_or_false(x.shape[0] == 1) and guard_or_false(x.shape[1] == 1):
             return torch.ops.gdn_cuda.decode_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+class GatedMLP(nn.Module):
+    """Qwen3.5's MLP, down(silu(gate(x)) * up(x)), with gate and up as one product (``gate_up_proj``) and, at
+    one token, silu(gate) * up computed inside the down projection's kernel as it loads its input: one launch
+    and one vector round trip fewer a layer than the model's form."""
+
+    def __init__(self, mlp: nn.Module):
+        super().__init__()
+        from gdn_export.passes.linear_groups import LinearGroup
+
+        self.gate_up_proj = DecodeLinear.sharing(LinearGroup([mlp.gate_proj, mlp.up_proj]).projection)
+        self.down_proj = DecodeLinear.sharing(mlp.down_proj)
+
+    def forward(self, x):
+        gate_up = self.gate_up_proj(x)
+        if gate_up.dim() == 3 and guard_or_false(gate_up.shape[0] == 1) and guard_or_false(gate_up.shape[1] == 1):
+            return torch.ops.gdn_cuda.decode_gated_linear(gate_up, self.down_proj.weight)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)

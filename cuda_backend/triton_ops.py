@@ -9,7 +9,8 @@ Importing this module:
   the initial state), ``gdn_cuda::fused_recurrent_gated_delta_rule`` (decode)
   and ``gdn_cuda::fused_chunked_gated_delta_rule`` (prefill), the last two
   updating ``state`` in place, ``gdn_cuda::cached_attention`` and
-  ``gdn_cuda::decode_linear`` (a linear layer at one token);
+  ``gdn_cuda::decode_linear`` and ``gdn_cuda::decode_gated_linear`` (a linear
+  layer at one token; the second takes an MLP's silu-gated input);
 * registers them as the CUDA implementation of ``gdn::gated_delta_rule``
   (+ ``.out``), ``gdn::gated_delta_rule_inplace`` (+ ``.out``),
   ``gdn::fused_gated_delta_rule`` (+ ``.out``) and ``gdn::cached_attention``
@@ -486,8 +487,9 @@ def _decode_linear_launch(out_features: int, in_features: int) -> tuple:
     return rows, width
 
 
-def run_decode_linear(x, weight, bias, output, *, rows=None, width=None) -> None:
-    """``decode_linear_kernel``: output [..., N] = x [..., K] (one token, dense) @ weight [N, K].T + bias."""
+def run_decode_linear(x, weight, bias, output, *, gated=False, rows=None, width=None) -> None:
+    """``decode_linear_kernel``: output [..., N] = x [..., K] (one token, dense) @ weight [N, K].T + bias;
+    ``gated``: x holds [gate | up] (2K values) and the input is silu(gate) * up."""
     out_features, in_features = weight.shape
     default_rows, default_width = _decode_linear_launch(out_features, in_features)
     rows, width = rows or default_rows, width or default_width
@@ -495,7 +497,7 @@ def run_decode_linear(x, weight, bias, output, *, rows=None, width=None) -> None
         x, weight, weight if bias is None else bias, output,
         out_features, in_features,
         *weight.stride(),
-        HAS_BIAS=bias is not None, BN=rows, BK=width, num_warps=4, num_stages=2,
+        HAS_BIAS=bias is not None, BN=rows, BK=width, GATED=gated, num_warps=4, num_stages=2,
     )
 
 
@@ -507,13 +509,29 @@ def decode_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     return output
 
 
-def decode_linear(x, weight, bias=None):
-    """``F.linear(x, weight, bias)`` for one token (x [..., K] holding K elements) on the decode kernel."""
-    if weight.dim() != 2 or x.shape[-1] != weight.shape[1] or x.numel() != weight.shape[1]:
+@triton_op("gdn_cuda::decode_gated_linear", mutates_args={})
+def decode_gated_linear_op(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    gate_up = gate_up.contiguous()
+    output = torch.empty(*gate_up.shape[:-1], weight.shape[0], dtype=gate_up.dtype, device=gate_up.device)
+    run_decode_linear(gate_up, weight, None, output, gated=True)
+    return output
+
+
+def decode_linear(x, weight, bias=None, *, gated=False):
+    """``F.linear(x, weight, bias)`` for one token (x [..., K] holding K elements) on the decode kernel.
+
+    ``gated``: x [..., 2K] holds an MLP's gate and up projections, and the result is
+    ``F.linear(F.silu(gate) * up, weight)`` (no bias).
+    """
+    width = weight.shape[-1] * (2 if gated else 1)
+    if weight.dim() != 2 or x.shape[-1] != width or x.numel() != width:
         raise ValueError(
-            f"cuda_backend.decode_linear: x must hold one token of {weight.shape[-1]} features for a weight "
-            f"[N, K], got x {list(x.shape)} and weight {list(weight.shape)}"
+            f"cuda_backend.decode_linear: x must hold one token of {width} features for a weight "
+            f"[N, K={weight.shape[-1]}]{' (gated: 2K)' if gated else ''}, got x {list(x.shape)} and weight "
+            f"{list(weight.shape)}"
         )
+    if gated and bias is not None:
+        raise ValueError("cuda_backend.decode_linear: gated takes no bias")
     if bias is not None and list(bias.shape) != [weight.shape[0]]:
         raise ValueError(f"cuda_backend.decode_linear: bias must be [{weight.shape[0]}], got {list(bias.shape)}")
     if x.device.type != "cuda" and not interpreting():
@@ -521,6 +539,8 @@ def decode_linear(x, weight, bias=None):
             f"cuda_backend.decode_linear: the Triton kernels need CUDA tensors (got {x.device}); "
             "set TRITON_INTERPRET=1 before importing triton to run them on the CPU"
         )
+    if gated:
+        return torch.ops.gdn_cuda.decode_gated_linear(x, weight)
     return torch.ops.gdn_cuda.decode_linear(x, weight, bias)
 
 

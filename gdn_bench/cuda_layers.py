@@ -45,9 +45,10 @@ DECODE_CALLS = [(1, position) for position in (512, 4096, 8000)]
 
 
 def step_linears(config: dict) -> Counter:
-    """{(out_features, in_features): count} of one decode step's linear layers (dense config) as our CUDA
-    program runs them: the projections a layer makes of one input merged into one
-    (``CudaTritonBackend.merged_linears``)."""
+    """{(out_features, in_features, gated): count} of one decode step's linear layers (dense config) as our
+    CUDA program runs them: the projections a layer makes of one input merged into one
+    (``CudaTritonBackend.merged_linears``, the MLP's gate/up), and the MLP's down projection taking
+    silu(gate) * up inside its kernel (``gated``)."""
     hidden, kinds = config["hidden_size"], config["layer_types"]
     key_dim = config["linear_num_key_heads"] * config["linear_key_head_dim"]
     value_dim = config["linear_num_value_heads"] * config["linear_value_head_dim"]
@@ -55,12 +56,14 @@ def step_linears(config: dict) -> Counter:
     shapes = Counter()
     for kind in kinds:
         if kind == "linear_attention":  # in_proj qkv, z, b, a; out_proj
-            shapes.update({(2 * key_dim + 2 * value_dim + 2 * config["linear_num_value_heads"], hidden): 1,
-                           (hidden, value_dim): 1})
+            shapes.update({(2 * key_dim + 2 * value_dim + 2 * config["linear_num_value_heads"], hidden, False): 1,
+                           (hidden, value_dim, False): 1})
         else:  # q (with its gate), k, v; o_proj
-            shapes.update({(2 * heads * head_dim + 2 * kv_heads * head_dim, hidden): 1, (hidden, heads * head_dim): 1})
-        shapes.update({(2 * config["intermediate_size"], hidden): 1, (hidden, config["intermediate_size"]): 1})
-    shapes[(config["vocab_size"], hidden)] += 1
+            shapes.update({(2 * heads * head_dim + 2 * kv_heads * head_dim, hidden, False): 1,
+                           (hidden, heads * head_dim, False): 1})
+        shapes.update({(2 * config["intermediate_size"], hidden, False): 1,
+                       (hidden, config["intermediate_size"], True): 1})
+    shapes[(config["vocab_size"], hidden, False)] += 1
     return shapes
 
 
@@ -83,21 +86,34 @@ def bench_linears(shapes: list[str]) -> int:
     for name in shapes:
         total = {"ours": 0.0, "cublas": 0.0}
         weight_bytes = 0
-        print(f"\n{name}: shape (out, in) x count | ours us, GB/s | cuBLAS us, GB/s | max rel diff")
-        for (out_features, in_features), count in sorted(step_linears(SHAPES[name]).items()):
+        print(f"\n{name}: shape (out, in) x count | ours us, GB/s | cuBLAS us, GB/s | max rel diff "
+              "(gated: ours takes [gate | up], cuBLAS's silu-product is a kernel of its own)")
+        for (out_features, in_features, gated), count in sorted(step_linears(SHAPES[name]).items()):
             weight = torch.randn(out_features, in_features, device="cuda", dtype=torch.bfloat16, generator=generator)
-            x = torch.randn(1, 1, in_features, device="cuda", dtype=torch.bfloat16, generator=generator)
-            difference = relative_error(cuda_backend.decode_linear(x, weight), F.linear(x, weight))
+            x = torch.randn(1, 1, in_features * (2 if gated else 1), device="cuda", dtype=torch.bfloat16,
+                            generator=generator)
+
+            def ours():
+                return cuda_backend.decode_linear(x, weight, gated=gated)
+
+            def cublas():
+                if gated:
+                    gate, up = x.chunk(2, dim=-1)
+                    return F.linear(F.silu(gate) * up, weight)
+                return F.linear(x, weight)
+
+            difference = relative_error(ours(), cublas())
             if difference > 2e-2:
                 print(f"  ({out_features}, {in_features}): MISMATCH, ours and cuBLAS differ by {difference:.1e}")
                 return 1
-            times = {"ours": triton.testing.do_bench_cudagraph(lambda: cuda_backend.decode_linear(x, weight)),
-                     "cublas": triton.testing.do_bench_cudagraph(lambda: F.linear(x, weight))}
+            times = {"ours": triton.testing.do_bench_cudagraph(ours),
+                     "cublas": triton.testing.do_bench_cudagraph(cublas)}
             size = weight.numel() * weight.element_size()
             weight_bytes += size * count
             for system in total:
                 total[system] += times[system] * count
-            print(f"  ({out_features}, {in_features}) x {count} | {times['ours'] * 1e3:.1f}, "
+            print(f"  ({out_features}, {in_features}{', gated' if gated else ''}) x {count} | "
+                  f"{times['ours'] * 1e3:.1f}, "
                   f"{size / times['ours'] / 1e6:.0f} | {times['cublas'] * 1e3:.1f}, "
                   f"{size / times['cublas'] / 1e6:.0f} | {difference:.1e}")
         floor_ms = weight_bytes / bandwidth / 1e6  # as the e2e bench's roofline: reads at the copy's bytes moved

@@ -75,6 +75,10 @@ class Backend:
         a list of groups, by default none."""
         return []
 
+    def mlp(self, layer: nn.Module) -> Optional[nn.Module]:
+        """The module in place of one of the model's ``MLP`` layers, or None to keep it."""
+        return None
+
     def linear(self, layer: nn.Linear) -> Optional[nn.Module]:
         """The module in place of one of the model's ``nn.Linear`` layers (its parameters under the same
         names), or None to keep it."""

@@ -20,7 +20,9 @@ def test_step_linears_are_the_decode_linears_of_the_rewritten_model(tmp_path, se
 
     checkpoint = make_tiny_checkpoint(tmp_path / "tiny", seed=seed, key_head_dim=64, value_head_dim=64)
     model = rewrite(load_qwen35(checkpoint, max_seq_len=16), "cuda")
-    ran = Counter(tuple(module.weight.shape) for module in model.modules() if isinstance(module, DecodeLinear))
+    # The MLP's down projection takes its input silu-gated (GatedMLP).
+    ran = Counter((*module.weight.shape, name.endswith("mlp.down_proj"))
+                  for name, module in model.named_modules() if isinstance(module, DecodeLinear))
     config = json.loads((checkpoint / "config.json").read_text())
     assert step_linears(config.get("text_config", config)) == ran, f"seed {seed}"
 

@@ -83,6 +83,21 @@ else:
         error = ((actual.double() - expected).abs().max() / expected.abs().max()).item()
         assert error <= (1e-5 if dtype == torch.float32 else 1e-2), error
 
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+    def test_gated_decode_linear_is_the_mlps_down_projection(dtype, generator):
+        """x = [gate | up]: the product is W (silu(gate) * up), the model's MLP after its gate/up products."""
+        in_features, out_features = 300, 70
+        gate_up = torch.randn(1, 1, 2 * in_features, generator=generator).to(dtype).to(DEVICE)
+        weight = torch.randn(out_features, in_features, generator=generator).to(dtype).to(DEVICE)
+        gate, up = gate_up.double().chunk(2, dim=-1)
+        expected = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, weight.double())
+        actual = cuda_backend.decode_linear(gate_up, weight, gated=True)
+        assert actual.shape == (1, 1, out_features) and actual.dtype == dtype
+        error = ((actual.double() - expected).abs().max() / expected.abs().max()).item()
+        assert error <= (1e-5 if dtype == torch.float32 else 1e-2), error
+        with pytest.raises(ValueError, match=r"one token of 600 features .* \(gated: 2K\)"):
+            cuda_backend.decode_linear(gate_up[..., :in_features], weight, gated=True)
+
     def test_decode_linear_refuses_more_than_one_token(generator):
         weight = torch.randn(8, 16, generator=generator).to(DEVICE)
         with pytest.raises(ValueError, match="x must hold one token of 16 features"):

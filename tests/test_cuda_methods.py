@@ -91,14 +91,17 @@ def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoi
     # The tiny model's layers: linear, linear, full attention.
     recurrent, chunked = "gdn_cuda.fused_recurrent_gated_delta_rule.default", \
         "gdn_cuda.fused_chunked_gated_delta_rule.default"
-    attention, linear = "gdn_cuda.cached_attention.default", "gdn_cuda.decode_linear.default"
+    attention = "gdn_cuda.cached_attention.default"
+    linear, gated = "gdn_cuda.decode_linear.default", "gdn_cuda.decode_gated_linear.default"
     decode_ops, prefill_ops = _gdn_ops(methods["decode"]), _gdn_ops(methods["prefill"])
-    assert [op for op in decode_ops if op != linear] == [recurrent, recurrent, attention]
+    assert [op for op in decode_ops if op not in (linear, gated)] == [recurrent, recurrent, attention]
     assert [op for op in prefill_ops if op != linear] == [chunked, chunked, attention]
-    # Decode takes every linear layer through the matrix-vector kernel; prefill only the output layer,
-    # which sees the last position alone.
+    # Decode takes every linear layer through the matrix-vector kernel, each MLP's down projection with its
+    # silu-gated input; prefill only the output layer, which sees the last position alone.
     linears = sum(isinstance(module, torch.nn.Linear) for module in _cuda_model(checkpoint).modules())
-    assert (decode_ops.count(linear), prefill_ops.count(linear)) == (linears, 1)
+    layers = 3
+    assert (decode_ops.count(linear), decode_ops.count(gated), prefill_ops.count(linear)) == \
+        (linears - layers, layers, 1)
     decode_kernels, prefill_kernels = _triton_kernels(decomposed["decode"]), _triton_kernels(decomposed["prefill"])
     # Decode splits the cache between programs and merges their spans; prefill walks it in one pass.
     assert decode_kernels == {"recurrent_gated_delta_rule_kernel", "cached_attention_kernel",

@@ -7,9 +7,9 @@ import torch
 
 import cuda_backend  # noqa: F401  (defines torch.ops.gdn_cuda, the CUDA rewrite's ops)
 from gdn_export.loading import load_qwen35
-from gdn_export.models.qwen35 import GatedAttention, GatedDeltaNet, MaskedCacheAttention, PerTokenRecurrence
+from gdn_export.models.qwen35 import MLP, GatedAttention, GatedDeltaNet, MaskedCacheAttention, PerTokenRecurrence
 from cuda_backend.attention import CudaCachedAttention
-from cuda_backend.linear import DecodeLinear
+from cuda_backend.linear import DecodeLinear, GatedMLP
 from cuda_backend.recurrence import CudaFusedRecurrence
 from gdn_export import backends
 from gdn_export.passes import CachedAttentionOp, FusedOpRecurrence, InplaceOpRecurrence, rewrite
@@ -79,8 +79,11 @@ def test_each_backend_gets_its_recurrence(dense_checkpoint):
         attention_class = {"portable": CachedAttentionOp, "xnnpack": CachedAttentionOp,
                            "cuda": CudaCachedAttention}.get(backend, MaskedCacheAttention)
         assert all(type(layer.attend) is attention_class for layer in full_attention_layers(model)), backend
-        # CUDA's linear layers take one token through its matrix-vector kernel, under the same parameter names.
+        # CUDA's linear layers take one token through its matrix-vector kernel, and its MLPs compute the
+        # silu-product inside the down projection's.
         linear_class = DecodeLinear if backend == "cuda" else torch.nn.Linear
+        mlp_class = GatedMLP if backend == "cuda" else MLP
+        assert all(type(layer.mlp) is mlp_class for layer in model.layers), backend
         linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
         assert linears and all(type(module) is linear_class for module in linears), backend
         # The same weights: CUDA's merged projections hold their layers' weights stacked, the rest under their names.
@@ -90,9 +93,13 @@ def test_each_backend_gets_its_recurrence(dense_checkpoint):
             if key in reference:
                 assert torch.equal(value, reference[key]), key
                 continue
-            group, _, leaf = key.rpartition(".projection.")
-            owner, _, names = group.rpartition(".")
-            parts = [f"{owner}.{name}.{leaf}" for name in names.split("__")]
+            if key.endswith("mlp.gate_up_proj.weight"):  # CUDA's GatedMLP
+                owner = key.removesuffix(".gate_up_proj.weight")
+                parts = [f"{owner}.gate_proj.weight", f"{owner}.up_proj.weight"]
+            else:
+                group, _, leaf = key.rpartition(".projection.")
+                owner, _, names = group.rpartition(".")
+                parts = [f"{owner}.{name}.{leaf}" for name in names.split("__")]
             assert backend == "cuda" and len(parts) >= 2, key
             assert torch.equal(value, torch.cat([reference[part] for part in parts])), key
             merged.update(parts)

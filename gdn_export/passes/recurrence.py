@@ -7,7 +7,8 @@ an ``attend`` submodule. ``rewrite`` asks the backend (``gdn_export.backends``)
 for a module of each and puts it in place, so the exported program neither
 loops over tokens nor copies the state; a backend may also merge sibling
 linear layers that read the same input (``linear_groups``) and replace the
-``nn.Linear`` layers (CUDA's decode takes them through a matrix-vector kernel).
+MLPs and the ``nn.Linear`` layers (CUDA's decode takes them through a
+matrix-vector kernel).
 
 The modules here call the ``gdn`` ops, and backends pick among them:
 
@@ -28,7 +29,7 @@ import torch
 from torch import nn
 
 from gdn_export.backends import get_backend
-from gdn_export.models.qwen35 import GatedAttention, GatedDeltaNet
+from gdn_export.models.qwen35 import MLP, GatedAttention, GatedDeltaNet
 from gdn_export.ops.fused import gating, split_heads  # importing gdn_export.ops defines torch.ops.gdn
 from gdn_export.passes.linear_groups import merge_linears
 
@@ -69,10 +70,11 @@ def rewrite(model: nn.Module, backend: str) -> nn.Module:
     for layer in list(model.modules()):
         for names in chosen.merged_linears(layer):
             merge_linears(layer, names)
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:  # exactly: a replacement may subclass it, and is not replaced again
-                replacement = chosen.linear(child)
-                if replacement is not None:
-                    setattr(parent, name, replacement)
+    for kind, replace in ((MLP, chosen.mlp), (nn.Linear, chosen.linear)):
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is kind:  # exactly: a replacement may subclass it, and is not replaced again
+                    replacement = replace(child)
+                    if replacement is not None:
+                        setattr(parent, name, replacement)
     return model
