@@ -58,6 +58,25 @@ class CudaTritonBackend(Backend):
 
         return DecodeLinear.sharing(layer)
 
+    def finish_rewrite(self, model: nn.Module) -> None:
+        """Each decoder layer's RMSNorms into the one product that reads each: the mixer's merged projections
+        (Gated DeltaNet's and attention's read their normed input nowhere else) and a ``GatedMLP``'s gate/up;
+        at one token the product's kernel normalizes its input, one launch fewer a norm. A sparse MoE's norm,
+        read by its router and experts, stays."""
+        from cuda_backend.linear import GatedMLP, take_input_norm
+        from gdn_export.models.qwen35 import DecoderLayer
+        from gdn_export.passes.linear_groups import LinearGroup
+
+        for layer in model.modules():
+            if not isinstance(layer, DecoderLayer):
+                continue
+            mixer = layer.linear_attn if hasattr(layer, "linear_attn") else layer.self_attn
+            groups = [child for child in mixer.children() if isinstance(child, LinearGroup)]
+            if len(groups) == 1:
+                take_input_norm(layer, "input_layernorm", groups[0].projection)
+            if isinstance(layer.mlp, GatedMLP):
+                take_input_norm(layer, "post_attention_layernorm", layer.mlp.gate_up_proj)
+
     def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:
         """``decode`` and ``prefill``, as ExecuTorch's own Qwen3.5 CUDA export has them.
 

@@ -18,7 +18,11 @@ from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 
 class DecodeLinear(nn.Linear):
-    """An ``nn.Linear`` (the same parameters, under the same names) whose one-token calls take the decode kernel."""
+    """An ``nn.Linear`` (the same parameters, under the same names) whose one-token calls take the decode kernel.
+
+    ``input_norm`` (None, or an RMSNorm that ``take_input_norm`` moved here): the layer's input is that norm of
+    its argument, which the decode kernel computes itself.
+    """
 
     @classmethod
     def sharing(cls, linear: nn.Linear) -> "DecodeLinear":
@@ -30,13 +34,39 @@ class DecodeLinear(nn.Linear):
         module.in_features, module.out_features = linear.in_features, linear.out_features
         module.weight = linear.weight
         module.register_parameter("bias", linear.bias)
+        module.register_module("input_norm", None)
         return module
 
     def forward(self, x):
         # One token of a batch of one; a symbolic T not known to be 1 takes F.linear.
-        if x.dim() == 3 and guard_or_false(x.shape[0] == 1) and guard_or_false(x.shape[1] == 1):
+        one_token = x.dim() == 3 and guard_or_false(x.shape[0] == 1) and guard_or_false(x.shape[1] == 1)
+        if self.input_norm is not None:
+            if one_token:
+                return torch.ops.gdn_cuda.decode_normed_linear(x, self.input_norm.weight, self.input_norm.eps,
+                                                               self.weight, self.bias)
+            x = self.input_norm(x)
+        elif one_token:
             return torch.ops.gdn_cuda.decode_linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+
+class NormTakenByItsConsumer(nn.Module):
+    """Where a decoder layer's RMSNorm stood once ``take_input_norm`` moved it into the one layer that reads
+    its output: the input passes through, and that layer normalizes it (at one token, inside its kernel)."""
+
+    def forward(self, x):
+        return x
+
+
+def take_input_norm(owner: nn.Module, norm_name: str, consumer: DecodeLinear) -> None:
+    """Move ``owner``'s RMSNorm ``norm_name`` into ``consumer``, the one layer that reads its output.
+
+    The caller vouches for "the one layer": every use of the norm's output must be ``consumer``'s input
+    (a merged group's projection, which its members slice)."""
+    if consumer.input_norm is not None:
+        raise ValueError(f"take_input_norm: the layer already normalizes its input ({consumer.input_norm})")
+    consumer.input_norm = getattr(owner, norm_name)
+    setattr(owner, norm_name, NormTakenByItsConsumer())
 
 
 class GatedMLP(nn.Module):

@@ -9,8 +9,9 @@ Importing this module:
   the initial state), ``gdn_cuda::fused_recurrent_gated_delta_rule`` (decode)
   and ``gdn_cuda::fused_chunked_gated_delta_rule`` (prefill), the last two
   updating ``state`` in place, ``gdn_cuda::cached_attention`` and
-  ``gdn_cuda::decode_linear`` and ``gdn_cuda::decode_gated_linear`` (a linear
-  layer at one token; the second takes an MLP's silu-gated input);
+  ``gdn_cuda::decode_linear``, ``gdn_cuda::decode_gated_linear`` and
+  ``gdn_cuda::decode_normed_linear`` (a linear layer at one token; the second
+  takes an MLP's silu-gated input, the third RMSNorms its input itself);
 * registers them as the CUDA implementation of ``gdn::gated_delta_rule``
   (+ ``.out``), ``gdn::gated_delta_rule_inplace`` (+ ``.out``),
   ``gdn::fused_gated_delta_rule`` (+ ``.out``) and ``gdn::cached_attention``
@@ -487,17 +488,20 @@ def _decode_linear_launch(out_features: int, in_features: int) -> tuple:
     return rows, width
 
 
-def run_decode_linear(x, weight, bias, output, *, gated=False, rows=None, width=None) -> None:
+def run_decode_linear(x, weight, bias, output, *, gated=False, norm_weight=None, eps=0.0, rows=None,
+                      width=None) -> None:
     """``decode_linear_kernel``: output [..., N] = x [..., K] (one token, dense) @ weight [N, K].T + bias;
-    ``gated``: x holds [gate | up] (2K values) and the input is silu(gate) * up."""
+    ``gated``: x holds [gate | up] (2K values) and the input is silu(gate) * up; ``norm_weight``: the input
+    is Qwen3.5's RMSNorm of x with that weight and ``eps``."""
     out_features, in_features = weight.shape
     default_rows, default_width = _decode_linear_launch(out_features, in_features)
     rows, width = rows or default_rows, width or default_width
     wrap_triton(decode_linear_kernel)[(triton.cdiv(out_features, rows),)](
-        x, weight, weight if bias is None else bias, output,
-        out_features, in_features,
+        x, weight, weight if bias is None else bias, output, weight if norm_weight is None else norm_weight,
+        out_features, in_features, eps,
         *weight.stride(),
-        HAS_BIAS=bias is not None, BN=rows, BK=width, GATED=gated, num_warps=4, num_stages=2,
+        HAS_BIAS=bias is not None, BN=rows, BK=width, GATED=gated, NORM=norm_weight is not None,
+        num_warps=4, num_stages=2,
     )
 
 
@@ -517,12 +521,28 @@ def decode_gated_linear_op(gate_up: torch.Tensor, weight: torch.Tensor) -> torch
     return output
 
 
-def decode_linear(x, weight, bias=None, *, gated=False):
+@triton_op("gdn_cuda::decode_normed_linear", mutates_args={})
+def decode_normed_linear_op(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    x = x.contiguous()
+    output = torch.empty(*x.shape[:-1], weight.shape[0], dtype=x.dtype, device=x.device)
+    run_decode_linear(x, weight, bias, output, norm_weight=norm_weight, eps=eps)
+    return output
+
+
+def decode_linear(x, weight, bias=None, *, gated=False, norm_weight=None, eps=1e-6):
     """``F.linear(x, weight, bias)`` for one token (x [..., K] holding K elements) on the decode kernel.
 
     ``gated``: x [..., 2K] holds an MLP's gate and up projections, and the result is
-    ``F.linear(F.silu(gate) * up, weight)`` (no bias).
+    ``F.linear(F.silu(gate) * up, weight)`` (no bias). ``norm_weight`` [K]: the input is Qwen3.5's
+    RMSNorm of x, x / sqrt(mean(x²) + eps) * (1 + norm_weight), computed in fp32 inside the kernel.
     """
+    if norm_weight is not None:
+        if gated:
+            raise ValueError("cuda_backend.decode_linear: gated and norm_weight do not go together")
+        if list(norm_weight.shape) != [weight.shape[-1]]:
+            raise ValueError(f"cuda_backend.decode_linear: norm_weight must be [{weight.shape[-1]}], "
+                             f"got {list(norm_weight.shape)}")
     width = weight.shape[-1] * (2 if gated else 1)
     if weight.dim() != 2 or x.shape[-1] != width or x.numel() != width:
         raise ValueError(
@@ -541,6 +561,8 @@ def decode_linear(x, weight, bias=None, *, gated=False):
         )
     if gated:
         return torch.ops.gdn_cuda.decode_gated_linear(x, weight)
+    if norm_weight is not None:
+        return torch.ops.gdn_cuda.decode_normed_linear(x, norm_weight, eps, weight, bias)
     return torch.ops.gdn_cuda.decode_linear(x, weight, bias)
 
 

@@ -8,8 +8,10 @@ whose weights need 1 to 2 us):
 
 * ``linear``: ``cuda_backend.decode_linear`` against ``F.linear`` (cuBLAS) at one
   token, on every distinct (out, in) shape of a decode step as our program runs it
-  (sibling projections merged), each checked against the other, as GB/s of weights; then a step's linear layers (each shape times its count)
-  against the copy bandwidth measured in the same run.
+  (sibling projections merged and normalizing their input, the MLP's down
+  projection silu-gating its own), each checked against the other, as GB/s of
+  weights; then a step's linear layers (each shape times its count) against the
+  copy bandwidth measured in the same run.
 * ``attention``: the cached-attention kernels, at the launcher's shape and each of
   ``ATTENTION_SWEEP``, against ``scaled_dot_product_attention`` (flash attention,
   bottom-right causal, KV heads shared by their query heads) on the same keys: a
@@ -45,10 +47,11 @@ DECODE_CALLS = [(1, position) for position in (512, 4096, 8000)]
 
 
 def step_linears(config: dict) -> Counter:
-    """{(out_features, in_features, gated): count} of one decode step's linear layers (dense config) as our
+    """{(out_features, in_features, input): count} of one decode step's linear layers (dense config) as our
     CUDA program runs them: the projections a layer makes of one input merged into one
-    (``CudaTritonBackend.merged_linears``, the MLP's gate/up), and the MLP's down projection taking
-    silu(gate) * up inside its kernel (``gated``)."""
+    (``CudaTritonBackend.merged_linears``, the MLP's gate/up) and normalizing that input themselves
+    (input "normed"), the MLP's down projection taking silu(gate) * up inside its kernel ("gated"), the
+    rest "plain"."""
     hidden, kinds = config["hidden_size"], config["layer_types"]
     key_dim = config["linear_num_key_heads"] * config["linear_key_head_dim"]
     value_dim = config["linear_num_value_heads"] * config["linear_value_head_dim"]
@@ -56,14 +59,14 @@ def step_linears(config: dict) -> Counter:
     shapes = Counter()
     for kind in kinds:
         if kind == "linear_attention":  # in_proj qkv, z, b, a; out_proj
-            shapes.update({(2 * key_dim + 2 * value_dim + 2 * config["linear_num_value_heads"], hidden, False): 1,
-                           (hidden, value_dim, False): 1})
+            shapes.update({(2 * key_dim + 2 * value_dim + 2 * config["linear_num_value_heads"], hidden, "normed"): 1,
+                           (hidden, value_dim, "plain"): 1})
         else:  # q (with its gate), k, v; o_proj
-            shapes.update({(2 * heads * head_dim + 2 * kv_heads * head_dim, hidden, False): 1,
-                           (hidden, heads * head_dim, False): 1})
-        shapes.update({(2 * config["intermediate_size"], hidden, False): 1,
-                       (hidden, config["intermediate_size"], True): 1})
-    shapes[(config["vocab_size"], hidden, False)] += 1
+            shapes.update({(2 * heads * head_dim + 2 * kv_heads * head_dim, hidden, "normed"): 1,
+                           (hidden, heads * head_dim, "plain"): 1})
+        shapes.update({(2 * config["intermediate_size"], hidden, "normed"): 1,
+                       (hidden, config["intermediate_size"], "gated"): 1})
+    shapes[(config["vocab_size"], hidden, "plain")] += 1
     return shapes
 
 
@@ -77,6 +80,7 @@ def bench_linears(shapes: list[str]) -> int:
     import triton.testing
 
     import cuda_backend
+    from gdn_export.models.qwen35 import RMSNorm
 
     source = torch.empty(2**29, dtype=torch.uint8, device="cuda")
     copy_ms = triton.testing.do_bench(lambda: source.clone(), rep=200)
@@ -87,20 +91,24 @@ def bench_linears(shapes: list[str]) -> int:
         total = {"ours": 0.0, "cublas": 0.0}
         weight_bytes = 0
         print(f"\n{name}: shape (out, in) x count | ours us, GB/s | cuBLAS us, GB/s | max rel diff "
-              "(gated: ours takes [gate | up], cuBLAS's silu-product is a kernel of its own)")
-        for (out_features, in_features, gated), count in sorted(step_linears(SHAPES[name]).items()):
+              "(gated, normed: ours computes the input in its kernel, PyTorch's silu-product or RMSNorm is "
+              "kernels of their own)")
+        for (out_features, in_features, kind), count in sorted(step_linears(SHAPES[name]).items()):
             weight = torch.randn(out_features, in_features, device="cuda", dtype=torch.bfloat16, generator=generator)
-            x = torch.randn(1, 1, in_features * (2 if gated else 1), device="cuda", dtype=torch.bfloat16,
+            x = torch.randn(1, 1, in_features * (2 if kind == "gated" else 1), device="cuda", dtype=torch.bfloat16,
                             generator=generator)
+            norm = RMSNorm(in_features, eps=1e-6).to("cuda", torch.bfloat16)
 
             def ours():
-                return cuda_backend.decode_linear(x, weight, gated=gated)
+                if kind == "normed":
+                    return cuda_backend.decode_linear(x, weight, norm_weight=norm.weight, eps=norm.eps)
+                return cuda_backend.decode_linear(x, weight, gated=kind == "gated")
 
             def cublas():
-                if gated:
+                if kind == "gated":
                     gate, up = x.chunk(2, dim=-1)
                     return F.linear(F.silu(gate) * up, weight)
-                return F.linear(x, weight)
+                return F.linear(norm(x) if kind == "normed" else x, weight)
 
             difference = relative_error(ours(), cublas())
             if difference > 2e-2:
@@ -112,7 +120,7 @@ def bench_linears(shapes: list[str]) -> int:
             weight_bytes += size * count
             for system in total:
                 total[system] += times[system] * count
-            print(f"  ({out_features}, {in_features}{', gated' if gated else ''}) x {count} | "
+            print(f"  ({out_features}, {in_features}{'' if kind == 'plain' else ', ' + kind}) x {count} | "
                   f"{times['ours'] * 1e3:.1f}, "
                   f"{size / times['ours'] / 1e6:.0f} | {times['cublas'] * 1e3:.1f}, "
                   f"{size / times['cublas'] / 1e6:.0f} | {difference:.1e}")

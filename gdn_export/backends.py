@@ -84,6 +84,9 @@ class Backend:
         names), or None to keep it."""
         return None
 
+    def finish_rewrite(self, model: nn.Module) -> None:
+        """Changes across layers, once each layer has the backend's modules (``rewrite``'s last step)."""
+
     def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:
         """The program's methods, exported; by default ExecuTorch's LLM ``forward`` with a dynamic T."""
         return {"forward": export_llm_forward(model, prefill_chunk)}

@@ -20,8 +20,11 @@ def test_step_linears_are_the_decode_linears_of_the_rewritten_model(tmp_path, se
 
     checkpoint = make_tiny_checkpoint(tmp_path / "tiny", seed=seed, key_head_dim=64, value_head_dim=64)
     model = rewrite(load_qwen35(checkpoint, max_seq_len=16), "cuda")
-    # The MLP's down projection takes its input silu-gated (GatedMLP).
-    ran = Counter((*module.weight.shape, name.endswith("mlp.down_proj"))
+    # The MLP's down projection takes its input silu-gated (GatedMLP); the layers that took a norm, normed.
+    def kind(name, module):
+        return "gated" if name.endswith("mlp.down_proj") else "normed" if module.input_norm is not None else "plain"
+
+    ran = Counter((*module.weight.shape, kind(name, module))
                   for name, module in model.named_modules() if isinstance(module, DecodeLinear))
     config = json.loads((checkpoint / "config.json").read_text())
     assert step_linears(config.get("text_config", config)) == ran, f"seed {seed}"

@@ -98,6 +98,28 @@ else:
         with pytest.raises(ValueError, match=r"one token of 600 features .* \(gated: 2K\)"):
             cuda_backend.decode_linear(gate_up[..., :in_features], weight, gated=True)
 
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+    @pytest.mark.parametrize("has_bias", [False, True], ids=["no-bias", "bias"])
+    def test_normed_decode_linear_is_the_norm_then_the_product(dtype, has_bias, generator):
+        """norm_weight: the product of Qwen3.5's RMSNorm of x (gdn_export's RMSNorm, in fp64) and W."""
+        from gdn_export.models.qwen35 import RMSNorm
+
+        in_features, out_features, eps = 520, 90, 1e-6
+        x = (3 * torch.randn(1, 1, in_features, generator=generator)).to(dtype).to(DEVICE)
+        norm = RMSNorm(in_features, eps).double()
+        with torch.no_grad():
+            norm.weight.copy_(0.5 * torch.randn(in_features, generator=generator))
+        weight = torch.randn(out_features, in_features, generator=generator).to(dtype).to(DEVICE)
+        bias = torch.randn(out_features, generator=generator).to(dtype).to(DEVICE) if has_bias else None
+        expected = torch.nn.functional.linear(norm(x.cpu().double()), weight.cpu().double(),
+                                              None if bias is None else bias.cpu().double())
+        actual = cuda_backend.decode_linear(x, weight, bias, norm_weight=norm.weight.to(dtype).to(DEVICE), eps=eps)
+        assert actual.shape == (1, 1, out_features) and actual.dtype == dtype
+        error = ((actual.cpu().double() - expected).abs().max() / expected.abs().max()).item()
+        assert error <= (1e-5 if dtype == torch.float32 else 1e-2), error
+        with pytest.raises(ValueError, match=r"norm_weight must be \[520\]"):
+            cuda_backend.decode_linear(x, weight, norm_weight=norm.weight[:8].to(dtype).to(DEVICE))
+
     def test_decode_linear_refuses_more_than_one_token(generator):
         weight = torch.randn(8, 16, generator=generator).to(DEVICE)
         with pytest.raises(ValueError, match="x must hold one token of 16 features"):

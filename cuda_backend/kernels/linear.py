@@ -8,8 +8,9 @@ lets it pick Triton templates only) tile for matrix products and read a
 owns BN rows of W and walks K in BK-wide steps, loading [BN, BK] tiles along
 the rows as they lie (coalesced) and keeping per-lane fp32 partial sums, which
 it reduces once at the end; many small programs keep every SM's loads in flight.
-The MLP's down projection computes its input, silu(gate) * up, as it loads it
-(one launch and one vector round trip fewer a layer).
+The MLP's down projection computes its input, silu(gate) * up, as it loads it,
+and a projection of a normed input applies the RMSNorm itself (each one launch
+and one vector round trip fewer).
 """
 
 import triton
@@ -18,17 +19,20 @@ import triton.language as tl
 
 @triton.jit
 def decode_linear_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr,
-    N, K,
+    x_ptr, w_ptr, b_ptr, y_ptr, norm_ptr,
+    N, K, eps,
     sw_n, sw_k,
-    HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
 ):
-    """y = W x (+ b); with ``GATED``, x holds [gate | up] (2K values) and the product is W (silu(gate) * up),
-    the MLP's down projection taking its input as the gate/up projection wrote it."""
+    """y = W x (+ b). With ``GATED``, x holds [gate | up] (2K values) and the product is W (silu(gate) * up),
+    the MLP's down projection taking its input as the gate/up projection wrote it. With ``NORM``, the product
+    is W RMSNorm(x) (Qwen3.5's: x / rms(x) * (1 + norm weight)): the norm's scale is one number a token, so
+    the program sums x² beside the product and scales the sums at the end."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     lanes = tl.arange(0, BK)
     partial = tl.zeros([BN, BK], tl.float32)
+    squares = tl.zeros([BK], tl.float32)
     for k0 in range(0, K, BK):
         cols = k0 + lanes
         col_ok = cols < K
@@ -38,8 +42,14 @@ def decode_linear_kernel(
         if GATED:
             up = tl.load(x_ptr + K + cols, mask=col_ok, other=0.0).to(tl.float32)
             x = x * tl.sigmoid(x) * up
+        if NORM:
+            squares += x * x
+            x = x * (1.0 + tl.load(norm_ptr + cols, mask=col_ok, other=0.0).to(tl.float32))
         partial += w.to(tl.float32) * x[None, :]
     y = tl.sum(partial, 1)
+    if NORM:
+        # AOTInductor passes float arguments as fp64: the scale is cast back to fp32.
+        y = y * tl.rsqrt((tl.sum(squares, 0) / K + eps).to(tl.float32))
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)

@@ -77,4 +77,5 @@ def rewrite(model: nn.Module, backend: str) -> nn.Module:
                     replacement = replace(child)
                     if replacement is not None:
                         setattr(parent, name, replacement)
+    chosen.finish_rewrite(model)
     return model
