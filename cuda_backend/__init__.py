@@ -1,5 +1,5 @@
-"""Triton kernels of ``gdn::gated_delta_rule`` and ``gdn::cached_attention`` for CUDA, lowered through
-ExecuTorch's CudaBackend.
+"""Triton kernels of ``gdn::gated_delta_rule`` and ``gdn::cached_attention``, and of a decode step's linear
+layers, for CUDA, lowered through ExecuTorch's CudaBackend.
 
 Importing the package registers the kernels as the CUDA implementation of the
 ``gdn`` ops when Triton is installed; without Triton the package still

@@ -17,6 +17,11 @@ from torch import nn
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 
+def one_token(x) -> bool:
+    """x [1, 1, features]: one token of a batch of one. A symbolic T not known to be 1 is not."""
+    return x.dim() == 3 and guard_or_false(x.shape[0] == 1) and guard_or_false(x.shape[1] == 1)
+
+
 class DecodeLinear(nn.Linear):
     """An ``nn.Linear`` (the same parameters, under the same names) whose one-token calls take the decode kernel.
 
@@ -38,16 +43,11 @@ class DecodeLinear(nn.Linear):
         return module
 
     def forward(self, x):
-        # One token of a batch of one; a symbolic T not known to be 1 takes F.linear.
-        one_token = x.dim() == 3 and guard_or_false(x.shape[0] == 1) and guard_or_false(x.shape[1] == 1)
-        if self.input_norm is not None:
-            if one_token:
-                return torch.ops.gdn_cuda.decode_normed_linear(x, self.input_norm.weight, self.input_norm.eps,
-                                                               self.weight, self.bias)
-            x = self.input_norm(x)
-        elif one_token:
-            return torch.ops.gdn_cuda.decode_linear(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        norm = self.input_norm
+        if one_token(x):
+            return torch.ops.gdn_cuda.decode_linear(x, self.weight, self.bias, None if norm is None else norm.weight,
+                                                    0.0 if norm is None else norm.eps)
+        return F.linear(x if norm is None else norm(x), self.weight, self.bias)
 
 
 class NormTakenByItsConsumer(nn.Module):
@@ -76,14 +76,14 @@ class GatedMLP(nn.Module):
 
     def __init__(self, mlp: nn.Module):
         super().__init__()
-        from gdn_export.passes.linear_groups import LinearGroup
+        from gdn_export.passes.linear_groups import stacked_linear
 
-        self.gate_up_proj = DecodeLinear.sharing(LinearGroup([mlp.gate_proj, mlp.up_proj]).projection)
+        self.gate_up_proj = DecodeLinear.sharing(stacked_linear([mlp.gate_proj, mlp.up_proj]))
         self.down_proj = DecodeLinear.sharing(mlp.down_proj)
 
     def forward(self, x):
         gate_up = self.gate_up_proj(x)
-        if gate_up.dim() == 3 and guard_or_false(gate_up.shape[0] == 1) and guard_or_false(gate_up.shape[1] == 1):
-            return torch.ops.gdn_cuda.decode_gated_linear(gate_up, self.down_proj.weight)
+        if one_token(gate_up):
+            return torch.ops.gdn_cuda.decode_linear(gate_up, self.down_proj.weight, gated=True)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)

@@ -9,9 +9,8 @@ Importing this module:
   the initial state), ``gdn_cuda::fused_recurrent_gated_delta_rule`` (decode)
   and ``gdn_cuda::fused_chunked_gated_delta_rule`` (prefill), the last two
   updating ``state`` in place, ``gdn_cuda::cached_attention`` and
-  ``gdn_cuda::decode_linear``, ``gdn_cuda::decode_gated_linear`` and
-  ``gdn_cuda::decode_normed_linear`` (a linear layer at one token; the second
-  takes an MLP's silu-gated input, the third RMSNorms its input itself);
+  ``gdn_cuda::decode_linear`` (a linear layer at one token, which may take an
+  MLP's silu-gated input or RMSNorm its input itself);
 * registers them as the CUDA implementation of ``gdn::gated_delta_rule``
   (+ ``.out``), ``gdn::gated_delta_rule_inplace`` (+ ``.out``),
   ``gdn::fused_gated_delta_rule`` (+ ``.out``) and ``gdn::cached_attention``
@@ -506,27 +505,13 @@ def run_decode_linear(x, weight, bias, output, *, gated=False, norm_weight=None,
 
 
 @triton_op("gdn_cuda::decode_linear", mutates_args={})
-def decode_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    x = x.contiguous()  # the kernel reads x as K consecutive elements
+def decode_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+                     norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0, gated: bool = False) -> torch.Tensor:
+    """One token through ``decode_linear_kernel`` (``run_decode_linear`` says what ``gated`` and ``norm_weight`` do);
+    the flags are constants of the traced launch, so a program's kernel has only the branches it takes."""
+    x = x.contiguous()  # the kernel reads x as consecutive elements
     output = torch.empty(*x.shape[:-1], weight.shape[0], dtype=x.dtype, device=x.device)
-    run_decode_linear(x, weight, bias, output)
-    return output
-
-
-@triton_op("gdn_cuda::decode_gated_linear", mutates_args={})
-def decode_gated_linear_op(gate_up: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    gate_up = gate_up.contiguous()
-    output = torch.empty(*gate_up.shape[:-1], weight.shape[0], dtype=gate_up.dtype, device=gate_up.device)
-    run_decode_linear(gate_up, weight, None, output, gated=True)
-    return output
-
-
-@triton_op("gdn_cuda::decode_normed_linear", mutates_args={})
-def decode_normed_linear_op(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    x = x.contiguous()
-    output = torch.empty(*x.shape[:-1], weight.shape[0], dtype=x.dtype, device=x.device)
-    run_decode_linear(x, weight, bias, output, norm_weight=norm_weight, eps=eps)
+    run_decode_linear(x, weight, bias, output, gated=gated, norm_weight=norm_weight, eps=eps)
     return output
 
 
@@ -559,11 +544,7 @@ def decode_linear(x, weight, bias=None, *, gated=False, norm_weight=None, eps=1e
             f"cuda_backend.decode_linear: the Triton kernels need CUDA tensors (got {x.device}); "
             "set TRITON_INTERPRET=1 before importing triton to run them on the CPU"
         )
-    if gated:
-        return torch.ops.gdn_cuda.decode_gated_linear(x, weight)
-    if norm_weight is not None:
-        return torch.ops.gdn_cuda.decode_normed_linear(x, norm_weight, eps, weight, bias)
-    return torch.ops.gdn_cuda.decode_linear(x, weight, bias)
+    return torch.ops.gdn_cuda.decode_linear(x, weight, bias, norm_weight, eps, gated)
 
 
 def _register_cuda_implementations() -> None:

@@ -85,26 +85,33 @@ def _triton_kernels(decomposed) -> set[str]:
     return names
 
 
+def _decode_linear_form(node) -> str:
+    """Which input a gdn_cuda::decode_linear call takes: silu-gated, RMSNormed in its kernel, or plain."""
+    arguments = dict(zip(("x", "weight", "bias", "norm_weight", "eps", "gated"), node.args), **node.kwargs)
+    return "gated" if arguments.get("gated") else "normed" if arguments.get("norm_weight") is not None else "plain"
+
+
 @directly
 def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoint, methods, decomposed):
     assert sorted(methods) == ["decode", "prefill"]
     # The tiny model's layers: linear, linear, full attention.
     recurrent, chunked = "gdn_cuda.fused_recurrent_gated_delta_rule.default", \
         "gdn_cuda.fused_chunked_gated_delta_rule.default"
-    attention = "gdn_cuda.cached_attention.default"
-    linear, gated, normed = ("gdn_cuda.decode_linear.default", "gdn_cuda.decode_gated_linear.default",
-                             "gdn_cuda.decode_normed_linear.default")
+    attention, linear = "gdn_cuda.cached_attention.default", "gdn_cuda.decode_linear.default"
     decode_ops, prefill_ops = _gdn_ops(methods["decode"]), _gdn_ops(methods["prefill"])
-    assert [op for op in decode_ops if op not in (linear, gated, normed)] == [recurrent, recurrent, attention]
+    assert [op for op in decode_ops if op != linear] == [recurrent, recurrent, attention]
     assert [op for op in prefill_ops if op != linear] == [chunked, chunked, attention]
     # Decode takes every linear layer through the matrix-vector kernel: each layer's two normed inputs (the
     # mixer's merged projections, the MLP's gate/up) with the norm inside, the MLP's down projection with its
     # silu-gated input; prefill only the output layer, which sees the last position alone.
     linears = sum(isinstance(module, torch.nn.Linear) for module in _cuda_model(checkpoint).modules())
     layers = 3
-    assert (decode_ops.count(linear), decode_ops.count(gated), decode_ops.count(normed)) == \
+    forms = [_decode_linear_form(node) for node in methods["decode"].graph.nodes
+             if str(node.target) == linear]
+    assert (forms.count("plain"), forms.count("gated"), forms.count("normed")) == \
         (linears - 3 * layers, layers, 2 * layers)
-    assert prefill_ops.count(linear) == 1
+    assert prefill_ops.count(linear) == 1 and _decode_linear_form(next(
+        node for node in methods["prefill"].graph.nodes if str(node.target) == linear)) == "plain"
     decode_kernels, prefill_kernels = _triton_kernels(decomposed["decode"]), _triton_kernels(decomposed["prefill"])
     # Decode splits the cache between programs and merges their spans; prefill walks it in one pass.
     assert decode_kernels == {"recurrent_gated_delta_rule_kernel", "cached_attention_kernel",

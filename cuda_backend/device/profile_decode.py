@@ -27,18 +27,19 @@ from pathlib import Path
 DURATION = "gpu__time_duration.sum"
 
 
-def kernels_per_step(program: Path, data: Path, tokenizer: Path, runner: Path, backend_lib: Path) -> int:
-    """Launches of one decode step: ncu's count over two runs that differ by one generated token."""
-    counts = []
-    for new_tokens in (2, 3):
-        result = subprocess.run(
-            ["ncu", "--clock-control", "none", "--cache-control", "none", "--metrics", DURATION, "--csv",
-             "--page", "raw", "--print-units", "base", str(runner), "--model", str(program), "--data", str(data),
-             "--backend-lib", str(backend_lib), "--tokenizer", str(tokenizer), "--random-prompt-tokens", "4",
-             "--max-new-tokens", str(new_tokens), "--temperature", "0", "--prefill-chunk", "1", "--ignore-eos"],
-            capture_output=True, text=True)
-        counts.append(len(kernel_rows(result.stdout)))
-    return counts[1] - counts[0]
+def profile(program: Path, tokenizer: Path, runner: Path, backend_lib: Path, new_tokens: int,
+            launches: tuple = ()) -> str:
+    """ncu's --csv --page raw output for the runner generating ``new_tokens`` after a 4-token prompt fed one
+    token per call (``launches``: ncu's --launch-skip/--launch-count arguments, or all launches)."""
+    command = ["ncu", "--clock-control", "none", "--cache-control", "none", "--metrics", DURATION, "--csv",
+               "--page", "raw", "--print-units", "base", *launches, str(runner), "--model", str(program / "model.pte"),
+               "--data", str(program / "aoti_cuda_blob.ptd"), "--backend-lib", str(backend_lib),
+               "--tokenizer", str(tokenizer), "--random-prompt-tokens", "4", "--max-new-tokens", str(new_tokens),
+               "--temperature", "0", "--prefill-chunk", "1", "--ignore-eos"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if not kernel_rows(result.stdout):
+        print(f"ncu reported no kernels (rc {result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    return result.stdout
 
 
 def kernel_rows(output: str) -> list[dict]:
@@ -60,24 +61,19 @@ def main() -> int:
     parser.add_argument("--skip-steps", type=int, default=4, help="decode steps to run before profiling")
     parser.add_argument("--out", type=Path, help="also write the raw per-launch CSV here")
     args = parser.parse_args()
-    program, data = args.program / "model.pte", args.program / "aoti_cuda_blob.ptd"
-    per_step = kernels_per_step(program, data, args.tokenizer, args.runner, args.backend_lib)
+    where = (args.program, args.tokenizer, args.runner, args.backend_lib)
+    # A step's launches: the difference between runs that generate 2 and 3 tokens.
+    per_step = len(kernel_rows(profile(*where, 3))) - len(kernel_rows(profile(*where, 2)))
     if per_step <= 0:
         print(f"could not count a decode step's launches ({per_step}); is ncu on the PATH?")
         return 1
     print(f"a decode step launches {per_step} kernels")
-    command = ["ncu", "--clock-control", "none", "--cache-control", "none", "--metrics", DURATION, "--csv",
-               "--page", "raw", "--print-units", "base", "--launch-skip", str(per_step * args.skip_steps),
-               "--launch-count", str(per_step * args.steps), str(args.runner), "--model", str(program),
-               "--data", str(data), "--backend-lib", str(args.backend_lib), "--tokenizer", str(args.tokenizer),
-               "--random-prompt-tokens", "4", "--max-new-tokens", str(args.skip_steps + args.steps + 2),
-               "--temperature", "0", "--prefill-chunk", "1", "--ignore-eos"]
-    result = subprocess.run(command, capture_output=True, text=True)
-    rows = kernel_rows(result.stdout)
+    output = profile(*where, args.skip_steps + args.steps + 2,
+                     ("--launch-skip", str(per_step * args.skip_steps), "--launch-count", str(per_step * args.steps)))
+    rows = kernel_rows(output)
     if args.out:
-        args.out.write_text(result.stdout)
+        args.out.write_text(output)
     if not rows:
-        print(f"ncu reported no kernels (rc {result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
         return 1
     by_name = defaultdict(lambda: [0, 0.0])
     for row in rows:

@@ -21,26 +21,33 @@ import torch
 from torch import nn
 
 
+def stacked_linear(linears: Sequence[nn.Linear]) -> nn.Linear:
+    """One ``nn.Linear`` whose output is the outputs of ``linears`` (one input size) side by side: their weights
+    stacked along the output dim, and their biases where any has one (zeros for those without)."""
+    in_features = {linear.in_features for linear in linears}
+    if len(in_features) != 1:
+        raise ValueError(f"stacked_linear: the layers must read one input size, got {sorted(in_features)}")
+    first = linears[0].weight
+    has_bias = any(linear.bias is not None for linear in linears)
+    stacked = nn.Linear(in_features.pop(), sum(linear.out_features for linear in linears), bias=has_bias,
+                        device="meta")
+    with torch.no_grad():
+        stacked.weight = nn.Parameter(torch.cat([linear.weight for linear in linears]),
+                                      requires_grad=first.requires_grad)
+        if has_bias:
+            biases = [linear.bias if linear.bias is not None else
+                      torch.zeros(linear.out_features, dtype=first.dtype, device=first.device) for linear in linears]
+            stacked.bias = nn.Parameter(torch.cat(biases), requires_grad=first.requires_grad)
+    return stacked
+
+
 class LinearGroup(nn.Module):
     """One ``nn.Linear`` (``projection``) over the stacked weights of sibling layers; its output in their slices."""
 
     def __init__(self, linears: Sequence[nn.Linear]):
         super().__init__()
-        in_features = {linear.in_features for linear in linears}
-        if len(in_features) != 1:
-            raise ValueError(f"LinearGroup: the layers must read one input size, got {sorted(in_features)}")
+        self.projection = stacked_linear(linears)
         self.sizes = [linear.out_features for linear in linears]
-        first = linears[0].weight
-        has_bias = any(linear.bias is not None for linear in linears)
-        self.projection = nn.Linear(in_features.pop(), sum(self.sizes), bias=has_bias, device="meta")
-        with torch.no_grad():
-            self.projection.weight = nn.Parameter(torch.cat([linear.weight for linear in linears]),
-                                                  requires_grad=first.requires_grad)
-            if has_bias:
-                biases = [linear.bias if linear.bias is not None else
-                          torch.zeros(linear.out_features, dtype=first.dtype, device=first.device)
-                          for linear in linears]
-                self.projection.bias = nn.Parameter(torch.cat(biases), requires_grad=first.requires_grad)
         # The last input and its slices: the members are called one after another with the same tensor.
         self._last: tuple = (None, ())
 
