@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import ctypes
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -76,6 +77,7 @@ DEFAULT_SOURCE_DIR = REPO_ROOT / "build" / "executorch-src"
 DEFAULT_BUILD_DIR = REPO_ROOT / "build" / "cuda_runtime"
 LIBRARY_NAME = "libgdn_executorch_cuda.so"
 REVISION_FILE = "REVISION"
+STAMP_FILE = "BUILD_STAMP"
 ENV_VAR = "GDN_CUDA_RUNTIME_LIB"
 BUILD_HINT = "build it with `make cuda-runtime` (or `python -m cuda_backend.executorch_runtime build`)"
 
@@ -225,9 +227,23 @@ def compile_commands(source_root: Path, objects: Path, cxx: str = "g++") -> list
     return commands
 
 
+def _build_stamp(commands: list, revision: Optional[str], source_dir: Path) -> str:
+    """What a build depends on: the revision and folder of the source, each compile command (object
+    folder left out), and the text of our own sources, whose edits the revision does not show."""
+    digest = hashlib.sha256(f"{revision}\n{source_dir.resolve()}\n".encode())
+    for command, target in commands:
+        digest.update(" ".join(part for part in command if not part.startswith(str(target.parent))).encode())
+    for source in OWN_SOURCES:
+        digest.update(Path(source).read_bytes())
+    return digest.hexdigest()
+
+
 def build(source_dir: Path, out: Path = DEFAULT_BUILD_DIR, *, cxx: Optional[str] = None,
-          jobs: Optional[int] = None, allow_other_revision: bool = False) -> Path:
-    """Compile the runtime from ``source_dir`` into ``out``; returns the library's path."""
+          jobs: Optional[int] = None, allow_other_revision: bool = False, force: bool = False) -> Path:
+    """Compile the runtime from ``source_dir`` into ``out``; returns the library's path.
+
+    A build whose stamp (``_build_stamp``) matches the last one returns at once, unless ``force``:
+    device scripts and ``make cuda-runtime`` call it before every use."""
     source_dir = Path(source_dir)
     root = _source_root(source_dir)
     revision = source_revision(source_dir)
@@ -245,6 +261,10 @@ def build(source_dir: Path, out: Path = DEFAULT_BUILD_DIR, *, cxx: Optional[str]
     objects = Path(tempfile.mkdtemp(dir=out, prefix=".objects."))
     try:
         commands = compile_commands(root, objects, cxx)
+        stamp = _build_stamp(commands, revision, source_dir)
+        built = (out / LIBRARY_NAME).is_file() and (out / "python").is_dir()
+        if built and not force and (out / STAMP_FILE).is_file() and (out / STAMP_FILE).read_text() == stamp:
+            return out / LIBRARY_NAME
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
             results = list(pool.map(lambda command: subprocess.run(command[0], capture_output=True, text=True),
                                     commands))
@@ -269,6 +289,7 @@ def build(source_dir: Path, out: Path = DEFAULT_BUILD_DIR, *, cxx: Optional[str]
         shutil.rmtree(objects, ignore_errors=True)
     _copy_lowering(root, out / "python")
     (out / REVISION_FILE).write_text(f"{revision or 'unknown'}\n{source_dir.resolve()}\n")
+    (out / STAMP_FILE).write_text(stamp)
     return out / LIBRARY_NAME
 
 
@@ -441,6 +462,7 @@ def main(argv=None) -> int:
     built.add_argument("--out", type=Path, default=DEFAULT_BUILD_DIR)
     built.add_argument("--cxx", default=None, help="the C++ compiler (default $CXX or g++)")
     built.add_argument("-j", "--jobs", type=int, default=None)
+    built.add_argument("--force", action="store_true", help="compile even when the last build is up to date")
     built.add_argument("--allow-other-revision", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
@@ -454,7 +476,7 @@ def main(argv=None) -> int:
                                      if os.environ.get("GDN_EXECUTORCH_MIRROR") else None)
             make_source(source_dir, mirror=mirror, clone=None if mirror else EXECUTORCH_REPOSITORY)
         library = build(source_dir, args.out, cxx=args.cxx, jobs=args.jobs,
-                        allow_other_revision=args.allow_other_revision)
+                        allow_other_revision=args.allow_other_revision, force=args.force)
         print(f"ExecuTorch CUDA runtime {PINNED_REVISION[:10]}: {library}")
         return 0
     except (CudaRuntimeUnavailable, subprocess.CalledProcessError) as error:

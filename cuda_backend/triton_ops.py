@@ -387,8 +387,9 @@ def _attention_launch(rows, num_kv_heads: int, head_dim: int, max_len: int, elem
     block_d = triton.next_power_of_2(head_dim)
     known = isinstance(rows, int)
     split = overrides.pop("split", known and rows <= ATTENTION_SPLIT_MAX_ROWS)
-    block_n = overrides.pop("block_n", 64 if element_bytes <= 2 or block_d <= 128 else 32)
-    default_m = min(64, max(16, triton.next_power_of_2(rows))) if known else 64
+    half = element_bytes <= 2
+    block_n = overrides.pop("block_n", 64 if half or block_d <= 128 else 32)
+    default_m = min(64, max(16, triton.next_power_of_2(rows))) if split else (128 if half else 64)
     block_m = overrides.pop("block_m", default_m)
     row_blocks = triton.cdiv(rows, block_m)
     span = max_len
@@ -397,8 +398,8 @@ def _attention_launch(rows, num_kv_heads: int, head_dim: int, max_len: int, elem
         span = block_n * triton.cdiv(triton.cdiv(max_len, wanted), block_n)
     launch = dict(
         split=split, block_m=block_m, block_n=block_n, block_d=block_d, row_blocks=row_blocks, span=span,
-        splits=triton.cdiv(max_len, span), num_warps=8 if block_m * block_d >= 64 * 256 else 4,
-        num_stages=2 if element_bytes <= 2 else 1,
+        splits=triton.cdiv(max_len, span), num_warps=8 if block_m * block_d >= 64 * 256 or (split and half) else 4,
+        num_stages=1 if block_m >= 128 or not half else 2,
     )
     unknown = set(overrides) - {"num_warps", "num_stages"}
     if unknown:

@@ -365,3 +365,22 @@ def test_source_folder_is_the_revisions_subfolders_and_build_checks_the_revision
     with pytest.raises(executorch_runtime.CudaRuntimeUnavailable, match="not the pinned"):
         executorch_runtime.build(out, tmp_path / "build")
     assert not (tmp_path / "build").exists()
+
+
+def test_build_stamp_follows_what_the_library_is_made_from(tmp_path, monkeypatch):
+    """``build`` skips compiling when the stamp matches: the stamp must change with the revision, any
+    compile flag and the text of our own sources, and not with the temporary object folder."""
+    own = tmp_path / "own.cpp"
+    own.write_text("// ours\n")
+    monkeypatch.setattr(executorch_runtime, "OWN_SOURCES", (own,))
+
+    def commands(objects, *flags):
+        target = tmp_path / objects / "x.o"
+        return [(["g++", *flags, "-c", "x.cpp", "-o", str(target)], target)]
+
+    stamp = executorch_runtime._build_stamp(commands("a", "-O2"), "rev", tmp_path)
+    assert executorch_runtime._build_stamp(commands("b", "-O2"), "rev", tmp_path) == stamp
+    assert executorch_runtime._build_stamp(commands("a", "-O0"), "rev", tmp_path) != stamp
+    assert executorch_runtime._build_stamp(commands("a", "-O2"), "other", tmp_path) != stamp
+    own.write_text("// ours, edited\n")
+    assert executorch_runtime._build_stamp(commands("a", "-O2"), "rev", tmp_path) != stamp

@@ -48,7 +48,10 @@ def kernel_rows(output: str) -> list[dict]:
     if start < 0:
         return []
     rows = list(csv.DictReader(io.StringIO(output[start:])))
-    return [row for row in rows if row.get(DURATION, "").replace(".", "", 1).isdigit()]
+    # ncu writes its numbers with thousands separators ("9,008").
+    for row in rows:
+        row[DURATION] = row.get(DURATION, "").replace(",", "")
+    return [row for row in rows if row[DURATION].replace(".", "", 1).isdigit()]
 
 
 def main() -> int:

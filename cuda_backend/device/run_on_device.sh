@@ -16,6 +16,7 @@
 #   decode-profile: Nsight Compute's kernel durations of a decode step of a program cuda-bench built
 #          (PROFILE_PROGRAM, default the first build/e2e_cuda/0.8b/ours_* folder; its checkpoint's tokenizer),
 #          summed by kernel (cuda_backend/device/profile_decode.py)
+#   runtime: ExecuTorch's CUDA runtime (skipped when up to date) and the C++ runner, built and waited for
 #   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
 #   lower: export_qwen35 --backend cuda on a tiny checkpoint: the .pte + .ptd through ExecuTorch's
@@ -36,7 +37,7 @@
 #   cuda-bench: gdn-bench e2e --device cuda (issue 17) on the shapes of CUDA_BENCH_SHAPES (default 0.8b; also 4b,
 #            comma-separated), in CUDA_BENCH_WORKDIR (default build/e2e_cuda, git-ignored: kept between calls on a
 #            warm machine, which goes back after 30 s idle, so send the next call at once). CUDA_BENCH_MODE:
-#              build: ExecuTorch's CUDA runtime (from EXECUTORCH_SRC, as e2e), the C++ runner, and each shape's
+#              build: ExecuTorch's CUDA runtime (from EXECUTORCH_SRC, as e2e), the C++ runner (kept when one is built), and each shape's
 #                checkpoint and .pte + .ptd (--build-only; the shapes at once, each logging to build_SHAPE.log and
 #                then into build.log: an export is mostly single-threaded compiles and waits on the
 #                GPU's autotuning, and the machine has 16 cores), in a process of its own session: an export may outlast
@@ -70,11 +71,18 @@ build_runtime_and_runner() {
   python3 -m examples.cpp_runner.build > "$OUT/cpp_runner_build.log" 2>&1 &
   builder=$!
 }
+# Exports run side by side (cpp-e2e's models, cuda-bench's shapes) each get Inductor and Triton cache folders
+# of their own: sharing one, two of three tiny-model exports once failed to link, a Triton kernel's object
+# file listed twice ("multiple definition of __decode_linear_kernel_8_start"); each exported alone.
 status=0
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests aoti bench)
 for step in "${steps[@]}"; do
   case "$step" in
+    runtime)
+      # ExecuTorch's CUDA runtime and the C++ runner, waited for: run first in a call that then starts a
+      # cuda-bench build (CUDA_BENCH_WAIT_S=1) and runs cpp-e2e beside it, so the two never compile the same folder.
+      build_runtime_and_runner runtime_build && wait $builder || { status=1; tail -20 "$OUT/cpp_runner_build.log"; } ;;
     tests|conformance)
       # -v: a call cut off at its time limit still shows which cases ran.
       [ "$step" = tests ] && selection=${TESTS:-tests/test_cuda_kernels.py tests/test_bench_cuda.py} || selection=tests/conformance
@@ -126,7 +134,8 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64)" "$OUT/tiny" > "$OUT/lower
         python3 -c "import sys; from gdn_export.tiny import make_tiny_checkpoint as make
 from cuda_backend.device.e2e_check import CHECKPOINTS
 make(sys.argv[1], **CHECKPOINTS[sys.argv[2]])" /tmp/tiny_$model $model > "$OUT/cpp_e2e_$model.log" 2>&1
-        python3 -X faulthandler -c "import sys; from gdn_export.cli import export_main; sys.exit(export_main())" \
+        TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_$model TRITON_CACHE_DIR=/tmp/triton_$model \
+          python3 -X faulthandler -c "import sys; from gdn_export.cli import export_main; sys.exit(export_main())" \
             --checkpoint /tmp/tiny_$model --output /tmp/cuda_$model/model.pte --backend cuda --dtype fp32 \
             --max-seq-len 128 --prefill-chunk "${CPP_PREFILL_CHUNK:-1}" >> "$OUT/cpp_e2e_$model.log" 2>&1 &
         exporters+=($!)
@@ -196,7 +205,8 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
             build_shapes() {
               local pids=() shape rc=0
               for shape in ${2//,/ }; do
-                python3 -m gdn_bench.cli e2e --device cuda --workdir "$1" --shapes "$shape" --build-only $3 \
+                TORCHINDUCTOR_CACHE_DIR=/tmp/inductor_$shape TRITON_CACHE_DIR=/tmp/triton_$shape \
+                  python3 -m gdn_bench.cli e2e --device cuda --workdir "$1" --shapes "$shape" --build-only $3 \
                     > "$1/build_$shape.log" 2>&1 &
                 pids+=($!)
               done
@@ -205,7 +215,8 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
               return $rc
             }
             { python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
-              && python3 -m examples.cpp_runner.build && build_shapes "$1" "$2" "$3"
+              && { [ -x build/cpp_runner/gdn_cpp_runner ] || python3 -m examples.cpp_runner.build; } \
+              && build_shapes "$1" "$2" "$3"
             } > "$1/build.log" 2>&1
             echo $? > "$1/build.status"; rm -f "$1/build.pid"' bash "$bench_dir" "$shapes" "${CUDA_BENCH_ARGS:-}" \
             < /dev/null &
