@@ -98,23 +98,43 @@ def _decode_launch(batch_heads: int, key_dim: int, value_dim: int) -> tuple:
     return block, warps
 
 
+def _packed_qkv(mixed_qkv, num_k_heads: int, key_dim: int, value_dim: int) -> tuple:
+    """((q, k, v) tensors, their [B, T, H, D] strides, element starts) of the query, key and value that
+    lie side by side in mixed_qkv [B, T, C], for a kernel that reads them there: the split of
+    ``split_heads`` without its views, which a traced program turns into a copy kernel each."""
+    batch_stride, time_stride, channel_stride = mixed_qkv.stride()
+    key_strides = (batch_stride, time_stride, key_dim * channel_stride, channel_stride)
+    value_strides = (batch_stride, time_stride, value_dim * channel_stride, channel_stride)
+    key_channels = num_k_heads * key_dim * channel_stride
+    return (mixed_qkv,) * 3, (key_strides, key_strides, value_strides), (0, key_channels, 2 * key_channels)
+
+
 def run_recurrent(query, key, value, g, beta, state_in, state_out, output, *, scale, use_qk_l2norm,
-                  a_log=None, dt_bias=None, value_block=None, num_warps=None):
+                  a_log=None, dt_bias=None, value_block=None, num_warps=None, packed=None):
     """Per-token kernel. With ``a_log``/``dt_bias`` given, ``g``/``beta`` are the raw a/b.
 
     ``value_block``/``num_warps`` override the launch shape (``gdn-bench cuda`` sweeps them).
+    ``packed`` = (mixed_qkv, num_k_heads): query, key and value (then None) are read in place
+    from mixed_qkv [B, T, C] (``_packed_qkv``).
     """
-    batch, length, num_k_heads, key_dim = query.shape
-    num_v_heads, value_dim = value.shape[2], value.shape[3]
+    if packed is not None:
+        mixed_qkv, num_k_heads = packed
+        batch, length = mixed_qkv.shape[:2]
+        num_v_heads, key_dim, value_dim = state_in.shape[1:]
+        tensors, strides, starts = _packed_qkv(mixed_qkv, num_k_heads, key_dim, value_dim)
+    else:
+        batch, length, num_k_heads, key_dim = query.shape
+        num_v_heads, value_dim = value.shape[2], value.shape[3]
+        tensors, strides, starts = (query, key, value), (query.stride(), key.stride(), value.stride()), (0, 0, 0)
     raw_gates = a_log is not None
     block, warps = _decode_launch(batch * num_v_heads, key_dim, value_dim)
     block, warps = value_block or block, num_warps or warps
     grid = (batch * num_v_heads, triton.cdiv(value_dim, block))
     wrap_triton(recurrent_gated_delta_rule_kernel)[grid](
-        query, key, value, g, beta, a_log if raw_gates else g, dt_bias if raw_gates else g,
+        *tensors, g, beta, a_log if raw_gates else g, dt_bias if raw_gates else g,
         state_in, state_out, output,
-        length, scale,
-        *query.stride(), *key.stride(), *value.stride(), *_gate_strides(g), *beta.stride(),
+        length, scale, *starts,
+        *strides[0], *strides[1], *strides[2], *_gate_strides(g), *beta.stride(),
         *state_in.stride(), *output.stride(),
         NUM_V_HEADS=num_v_heads, GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BV=block,
         GATE_PER_CHANNEL=g.dim() == 4, RAW_GATES=raw_gates, USE_QK_L2NORM=use_qk_l2norm,
@@ -260,9 +280,15 @@ def _gated_delta_rule_op(
 
 
 def _fused_run(form, mixed_qkv, a, b, A_log, dt_bias, state, output, scale):
-    _, query, key, value = split_heads(mixed_qkv, state)
-    query, key, value, a, b = _dense_when_traced(query, key, value, a, b)
+    num_k_heads, query, key, value = split_heads(mixed_qkv, state)
     scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[3])
+    if form is run_recurrent:
+        # Decode reads q/k/v where they lie in mixed_qkv: in a program, the views would be three copy kernels.
+        mixed_qkv, a, b = _dense_when_traced(mixed_qkv, a, b)
+        run_recurrent(None, None, None, a, b, state, state, output, scale=scale, use_qk_l2norm=True,
+                      a_log=A_log, dt_bias=dt_bias, packed=(mixed_qkv, num_k_heads))
+        return
+    query, key, value, a, b = _dense_when_traced(query, key, value, a, b)
     # Both forms compute the gating from the raw a/b themselves (no extra launches).
     form(query, key, value, a, b, state, state, output, scale=scale, use_qk_l2norm=True,
          a_log=A_log, dt_bias=dt_bias)
