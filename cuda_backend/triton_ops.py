@@ -110,12 +110,13 @@ def _packed_qkv(mixed_qkv, num_k_heads: int, key_dim: int, value_dim: int) -> tu
 
 
 def run_recurrent(query, key, value, g, beta, state_in, state_out, output, *, scale, use_qk_l2norm,
-                  a_log=None, dt_bias=None, value_block=None, num_warps=None, packed=None):
+                  a_log=None, dt_bias=None, value_block=None, num_warps=None, packed=None, gate_starts=(0, 0)):
     """Per-token kernel. With ``a_log``/``dt_bias`` given, ``g``/``beta`` are the raw a/b.
 
     ``value_block``/``num_warps`` override the launch shape (``gdn-bench cuda`` sweeps them).
     ``packed`` = (mixed_qkv, num_k_heads): query, key and value (then None) are read in place
-    from mixed_qkv [B, T, C] (``_packed_qkv``).
+    from mixed_qkv [B, T, C] (``_packed_qkv``); ``gate_starts``: the elements where g's and beta's reads
+    begin (both may lie in one tensor).
     """
     if packed is not None:
         mixed_qkv, num_k_heads = packed
@@ -133,7 +134,7 @@ def run_recurrent(query, key, value, g, beta, state_in, state_out, output, *, sc
     wrap_triton(recurrent_gated_delta_rule_kernel)[grid](
         *tensors, g, beta, a_log if raw_gates else g, dt_bias if raw_gates else g,
         state_in, state_out, output,
-        length, scale, *starts,
+        length, scale, *starts, *gate_starts,
         *strides[0], *strides[1], *strides[2], *_gate_strides(g), *beta.stride(),
         *state_in.stride(), *output.stride(),
         NUM_V_HEADS=num_v_heads, GROUP=num_v_heads // num_k_heads, DK=key_dim, DV=value_dim, BV=block,
@@ -284,9 +285,15 @@ def _fused_run(form, mixed_qkv, a, b, A_log, dt_bias, state, output, scale):
     scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[3])
     if form is run_recurrent:
         # Decode reads q/k/v where they lie in mixed_qkv: in a program, the views would be three copy kernels.
-        mixed_qkv, a, b = _dense_when_traced(mixed_qkv, a, b)
+        (mixed_qkv,) = _dense_when_traced(mixed_qkv)
+        gate_starts = (0, 0)
+        if is_fake(a):
+            # In a program b is a slice of the merged projection, which would be a copy kernel of its own; one
+            # [a | b] tensor is one kernel with a's gating, and the kernel reads both there.
+            a = b = torch.cat([a, b], dim=-1)
+            gate_starts = (0, state.shape[1] * a.stride(-1))
         run_recurrent(None, None, None, a, b, state, state, output, scale=scale, use_qk_l2norm=True,
-                      a_log=A_log, dt_bias=dt_bias, packed=(mixed_qkv, num_k_heads))
+                      a_log=A_log, dt_bias=dt_bias, packed=(mixed_qkv, num_k_heads), gate_starts=gate_starts)
         return
     query, key, value, a, b = _dense_when_traced(query, key, value, a, b)
     # Both forms compute the gating from the raw a/b themselves (no extra launches).

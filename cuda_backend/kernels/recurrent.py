@@ -20,7 +20,7 @@ from cuda_backend.kernels.common import L2NORM_EPS, gate_from_raw, load_gate_coe
 def recurrent_gated_delta_rule_kernel(
     q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
     state_in_ptr, state_out_ptr, out_ptr,
-    length, scale, q_start, k_start, v_start,
+    length, scale, q_start, k_start, v_start, g_start, beta_start,
     sq_b, sq_t, sq_h, sq_d,
     sk_b, sk_t, sk_h, sk_d,
     sv_b, sv_t, sv_h, sv_d,
@@ -51,8 +51,8 @@ def recurrent_gated_delta_rule_kernel(
     q_base = q_ptr + q_start + batch * sq_b + k_head * sq_h + k_offs * sq_d
     k_base = k_ptr + k_start + batch * sk_b + k_head * sk_h + k_offs * sk_d
     v_base = v_ptr + v_start + batch * sv_b + v_head * sv_h + v_offs * sv_d
-    g_base = g_ptr + batch * sg_b + v_head * sg_h
-    beta_base = beta_ptr + batch * sbeta_b + v_head * sbeta_h
+    g_base = g_ptr + g_start + batch * sg_b + v_head * sg_h
+    beta_base = beta_ptr + beta_start + batch * sbeta_b + v_head * sbeta_h
     o_base = out_ptr + batch * so_b + v_head * so_h + v_offs * so_d
     for t in range(length):
         q = tl.load(q_base + t * sq_t).to(tl.float32)
