@@ -4,7 +4,7 @@
 # With no argument it runs tests, aoti and bench. Wheels come from cuda_backend/device/setup.sh.
 #   tests: the CUDA kernel tests, full-size cases included, and the checks of gdn-bench cuda's decode
 #          columns (TESTS overrides the files, TESTS_K the -k expression, default cuda)
-#   conformance: the conformance table's op-cuda rows (210: the table and its cases at 64-dim heads and the 26 attention cases;
+#   conformance: the conformance table's op-cuda rows (211: the table and its cases at 64-dim heads and the 27 attention cases;
 #          81 of them refused head dims, checked without a launch; each other compiles its own kernel
 #          variants on a fresh machine, so it takes a call of its own, on 6 pytest-xdist workers:
 #          one at a time does not fit in 10 minutes, and 12 workers ran the GPU out of memory)

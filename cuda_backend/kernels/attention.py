@@ -13,7 +13,8 @@ is token r // G of query head kv * G + r % G), so a block of rows spans
 consecutive tokens and its walk ends at their last position.
 
 * One pass (prefill): a program owns BM rows of one KV head and walks the cache
-  from 0, writing the normalized output.
+  from 0, writing the normalized output. The tiles before its first row's
+  position, which every row sees, skip the causal mask and the bounds checks.
 * Split (decode: a few rows, few programs): the cache is cut into spans of
   ``span`` positions; a program walks one span and writes its partial output
   (normalized over the span, fp32) and log2-sum-exp to scratch, and ``merge_spans_kernel``
@@ -29,6 +30,36 @@ from cuda_backend.kernels.common import dot_fp32, narrow
 # Start of the running row maximum: finite, so a row that sees no position of a span keeps
 # exp2(-inf - start) = 0 instead of exp2(-inf + inf) = NaN.
 NO_MAXIMUM = tl.constexpr(-1.0e30)
+
+
+@triton.jit
+def _attend_tile(q, k_base, v_base, col0, high, position, acc, row_max, row_sum, scale_log2, d, d_ok,
+                 sk_d, sk_s, sv_s, sv_d, BN: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDEN: tl.constexpr,
+                 MASKED: tl.constexpr):
+    """One tile of BN cache positions into the online softmax; ``MASKED``: the tile may reach past a
+    row's position or past ``high``."""
+    cols = col0 + tl.arange(0, BN)
+    col_ok = cols < high
+    if MASKED:
+        keys = tl.load(k_base + d[:, None] * sk_d + cols[None, :] * sk_s,
+                       mask=d_ok[:, None] & col_ok[None, :], other=0.0).to(q.dtype)
+    else:
+        keys = tl.load(k_base + d[:, None] * sk_d + cols[None, :] * sk_s, mask=d_ok[:, None], other=0.0).to(q.dtype)
+    scores = (dot_fp32(q, keys, DOT_PRECISION, WIDEN) * scale_log2).to(tl.float32)  # AOTInductor: fp64 scale
+    if MASKED:
+        # Causal. (A span is a whole number of tiles, so no tile reaches into the next span.)
+        scores = tl.where(cols[None, :] <= position[:, None], scores, float("-inf"))
+    new_max = tl.maximum(row_max, tl.max(scores, 1))
+    weights = tl.exp2(scores - new_max[:, None])
+    rescale = tl.exp2(row_max - new_max)
+    row_sum = row_sum * rescale + tl.sum(weights, 1)
+    if MASKED:
+        values = tl.load(v_base + cols[:, None] * sv_s + d[None, :] * sv_d,
+                         mask=col_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)
+    else:
+        values = tl.load(v_base + cols[:, None] * sv_s + d[None, :] * sv_d, mask=d_ok[None, :], other=0.0).to(q.dtype)
+    acc = acc * rescale[:, None] + dot_fp32(narrow(weights, q.dtype, WIDEN), values, DOT_PRECISION, WIDEN)
+    return acc, new_max, row_sum
 
 
 @triton.jit
@@ -72,22 +103,18 @@ def cached_attention_kernel(
     row_max = tl.full([BM], NO_MAXIMUM, tl.float32)
     row_sum = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BD], tl.float32)
-    for col0 in range(low, high, BN):
-        cols = col0 + tl.arange(0, BN)
-        col_ok = cols < high
-        keys = tl.load(k_base + d[:, None] * sk_d + cols[None, :] * sk_s,
-                       mask=d_ok[:, None] & col_ok[None, :], other=0.0).to(q.dtype)
-        scores = (dot_fp32(q, keys, DOT_PRECISION, WIDEN) * scale_log2).to(tl.float32)  # AOTInductor: fp64 scale
-        # Causal. (A span is a whole number of tiles, so no tile reaches into the next span.)
-        scores = tl.where(cols[None, :] <= position[:, None], scores, float("-inf"))
-        new_max = tl.maximum(row_max, tl.max(scores, 1))
-        weights = tl.exp2(scores - new_max[:, None])
-        rescale = tl.exp2(row_max - new_max)
-        row_sum = row_sum * rescale + tl.sum(weights, 1)
-        values = tl.load(v_base + cols[:, None] * sv_s + d[None, :] * sv_d,
-                         mask=col_ok[:, None] & d_ok[None, :], other=0.0).to(q.dtype)
-        acc = acc * rescale[:, None] + dot_fp32(narrow(weights, q.dtype, WIDEN), values, DOT_PRECISION, WIDEN)
-        row_max = new_max
+    # Tiles before the block's first position are visible to every row: no causal mask, no bounds
+    # (most of a long prompt's walk); the tiles from there to ``high`` are masked.
+    first_position = start + tl.minimum((pid_m * BM) // GROUP, length - 1)
+    unmasked_end = low + tl.maximum(tl.minimum(first_position + 1, high) - low, 0) // BN * BN
+    for col0 in range(low, unmasked_end, BN):
+        acc, row_max, row_sum = _attend_tile(
+            q, k_base, v_base, col0, high, position, acc, row_max, row_sum, scale_log2, d, d_ok,
+            sk_d, sk_s, sv_s, sv_d, BN, DOT_PRECISION, WIDEN, False)
+    for col0 in range(unmasked_end, high, BN):
+        acc, row_max, row_sum = _attend_tile(
+            q, k_base, v_base, col0, high, position, acc, row_max, row_sum, scale_log2, d, d_ok,
+            sk_d, sk_s, sv_s, sv_d, BN, DOT_PRECISION, WIDEN, True)
 
     seen = row_sum > 0.0
     output = acc / tl.where(seen, row_sum, 1.0)[:, None]

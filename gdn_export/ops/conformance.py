@@ -487,6 +487,9 @@ def _attention_cases() -> list[AttentionCase]:
     # Three tokens whose positions (126..128) straddle position 128: kernels that split the cache into spans
     # of 64 or 128 positions see a span that only the last row reaches.
     cases.append(dataclasses.replace(qwen, length=3, start=126))
+    # A bf16 prefill chunk deep in the cache: kernels that skip the causal mask on the tiles every row sees
+    # walk most of it that way, and the last row block is part-full.
+    cases.append(dataclasses.replace(qwen, length=72, start=200, dtype=torch.bfloat16))
     return cases
 
 
