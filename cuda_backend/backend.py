@@ -62,8 +62,9 @@ class CudaTritonBackend(Backend):
         """Each decoder layer's RMSNorms into the one product that reads each: the mixer's merged projections
         (Gated DeltaNet's and attention's read their normed input nowhere else) and a ``GatedMLP``'s gate/up;
         at one token the product's kernel normalizes its input, one launch fewer a norm. A sparse MoE's norm,
-        read by its router and experts, stays."""
-        from cuda_backend.linear import GatedMLP, take_input_norm
+        read by its router and experts, stays. And each layer's residual adds go into the products that end its
+        mixer and its MLP (``ResidualInProducts``)."""
+        from cuda_backend.linear import DecodeLinear, GatedMLP, ResidualInProducts, output_projection, take_input_norm
         from gdn_export.models.qwen35 import DecoderLayer
         from gdn_export.passes.linear_groups import LinearGroup
 
@@ -76,6 +77,8 @@ class CudaTritonBackend(Backend):
                 take_input_norm(layer, "input_layernorm", groups[0].projection)
             if isinstance(layer.mlp, GatedMLP):
                 take_input_norm(layer, "post_attention_layernorm", layer.mlp.gate_up_proj)
+            if isinstance(output_projection(mixer), DecodeLinear):
+                layer.__class__ = ResidualInProducts
 
     def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:
         """``decode`` and ``prefill``, as ExecuTorch's own Qwen3.5 CUDA export has them.

@@ -11,10 +11,14 @@ the matrix products AOTInductor tunes.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+from gdn_export.models.qwen35 import LINEAR_ATTENTION, DecoderLayer
 
 
 def one_token(x) -> bool:
@@ -26,8 +30,11 @@ class DecodeLinear(nn.Linear):
     """An ``nn.Linear`` (the same parameters, under the same names) whose one-token calls take the decode kernel.
 
     ``input_norm`` (None, or an RMSNorm that ``take_input_norm`` moved here): the layer's input is that norm of
-    its argument, which the decode kernel computes itself.
+    its argument, which the decode kernel computes itself. ``residual`` (None, or a tensor that
+    ``ResidualInProducts`` sets for the length of one call): added to the output, at one token by the kernel.
     """
+
+    residual = None
 
     @classmethod
     def sharing(cls, linear: nn.Linear) -> "DecodeLinear":
@@ -43,11 +50,12 @@ class DecodeLinear(nn.Linear):
         return module
 
     def forward(self, x):
-        norm = self.input_norm
+        norm, residual = self.input_norm, self.residual
         if one_token(x):
             return torch.ops.gdn_cuda.decode_linear(x, self.weight, self.bias, None if norm is None else norm.weight,
-                                                    0.0 if norm is None else norm.eps)
-        return F.linear(x if norm is None else norm(x), self.weight, self.bias)
+                                                    0.0 if norm is None else norm.eps, False, residual)
+        output = F.linear(x if norm is None else norm(x), self.weight, self.bias)
+        return output if residual is None else output + residual
 
 
 class NormTakenByItsConsumer(nn.Module):
@@ -84,6 +92,39 @@ class GatedMLP(nn.Module):
     def forward(self, x):
         gate_up = self.gate_up_proj(x)
         if one_token(gate_up):
-            return torch.ops.gdn_cuda.decode_linear(gate_up, self.down_proj.weight, gated=True)
+            return torch.ops.gdn_cuda.decode_linear(gate_up, self.down_proj.weight, gated=True,
+                                                    residual=self.down_proj.residual)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+
+@contextlib.contextmanager
+def _adding(projection: DecodeLinear, residual: torch.Tensor):
+    """``projection`` adds ``residual`` to its output for the calls made inside."""
+    projection.residual = residual
+    try:
+        yield
+    finally:
+        del projection.residual  # back to the class's None
+
+
+def output_projection(mixer: nn.Module) -> nn.Module:
+    """The product that ends a token mixer: Gated DeltaNet's ``out_proj``, attention's ``o_proj``."""
+    return mixer.out_proj if hasattr(mixer, "out_proj") else mixer.o_proj
+
+
+class ResidualInProducts(DecoderLayer):
+    """A decoder layer whose residual adds happen in the products that end its mixer and its MLP
+    (``DecodeLinear.residual``): at one token, each add is no kernel of its own. A sparse MoE's sum of experts
+    is no one product, so its add stays. ``CudaTritonBackend.finish_rewrite`` gives layers this class."""
+
+    def forward(self, x, positions, cos, sin, mask):
+        linear = self.layer_type == LINEAR_ATTENTION
+        mixer = self.linear_attn if linear else self.self_attn
+        normed = self.input_layernorm(x)
+        with _adding(output_projection(mixer), x):
+            x = mixer(normed, positions[:1] == 0) if linear else mixer(normed, positions, cos, sin, mask)
+        if not isinstance(self.mlp, GatedMLP):
+            return x + self.mlp(self.post_attention_layernorm(x))
+        with _adding(self.mlp.down_proj, x):
+            return self.mlp(self.post_attention_layernorm(x))

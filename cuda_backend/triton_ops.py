@@ -521,41 +521,49 @@ def _decode_linear_launch(out_features: int, in_features: int) -> tuple:
     return rows, width
 
 
-def run_decode_linear(x, weight, bias, output, *, gated=False, norm_weight=None, eps=0.0, rows=None,
+def run_decode_linear(x, weight, bias, output, *, gated=False, norm_weight=None, eps=0.0, residual=None, rows=None,
                       width=None) -> None:
     """``decode_linear_kernel``: output [..., N] = x [..., K] (one token, dense) @ weight [N, K].T + bias;
     ``gated``: x holds [gate | up] (2K values) and the input is silu(gate) * up; ``norm_weight``: the input
-    is Qwen3.5's RMSNorm of x with that weight and ``eps``."""
+    is Qwen3.5's RMSNorm of x with that weight and ``eps``; ``residual`` (N values, dense): added to the output."""
     out_features, in_features = weight.shape
     default_rows, default_width = _decode_linear_launch(out_features, in_features)
     rows, width = rows or default_rows, width or default_width
     wrap_triton(decode_linear_kernel)[(triton.cdiv(out_features, rows),)](
         x, weight, weight if bias is None else bias, output, weight if norm_weight is None else norm_weight,
+        weight if residual is None else residual,
         out_features, in_features, eps,
         *weight.stride(),
         HAS_BIAS=bias is not None, BN=rows, BK=width, GATED=gated, NORM=norm_weight is not None,
-        num_warps=4, num_stages=2,
+        RESIDUAL=residual is not None, num_warps=4, num_stages=2,
     )
 
 
 @triton_op("gdn_cuda::decode_linear", mutates_args={})
 def decode_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-                     norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0, gated: bool = False) -> torch.Tensor:
-    """One token through ``decode_linear_kernel`` (``run_decode_linear`` says what ``gated`` and ``norm_weight`` do);
-    the flags are constants of the traced launch, so a program's kernel has only the branches it takes."""
-    x = x.contiguous()  # the kernel reads x as consecutive elements
+                     norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0, gated: bool = False,
+                     residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One token through ``decode_linear_kernel`` (``run_decode_linear`` says what ``gated``, ``norm_weight`` and
+    ``residual`` do); the flags are constants of the traced launch, so a program's kernel has only the branches
+    it takes."""
+    x = x.contiguous()  # the kernel reads x (and the residual) as consecutive elements
+    residual = None if residual is None else residual.contiguous()
     output = torch.empty(*x.shape[:-1], weight.shape[0], dtype=x.dtype, device=x.device)
-    run_decode_linear(x, weight, bias, output, gated=gated, norm_weight=norm_weight, eps=eps)
+    run_decode_linear(x, weight, bias, output, gated=gated, norm_weight=norm_weight, eps=eps, residual=residual)
     return output
 
 
-def decode_linear(x, weight, bias=None, *, gated=False, norm_weight=None, eps=1e-6):
+def decode_linear(x, weight, bias=None, *, gated=False, norm_weight=None, eps=1e-6, residual=None):
     """``F.linear(x, weight, bias)`` for one token (x [..., K] holding K elements) on the decode kernel.
 
     ``gated``: x [..., 2K] holds an MLP's gate and up projections, and the result is
     ``F.linear(F.silu(gate) * up, weight)`` (no bias). ``norm_weight`` [K]: the input is Qwen3.5's
     RMSNorm of x, x / sqrt(mean(x²) + eps) * (1 + norm_weight), computed in fp32 inside the kernel.
+    ``residual`` (N elements, x's dtype): added to the result in fp32 before it is rounded.
     """
+    if residual is not None and (residual.numel() != weight.shape[0] or residual.dtype != x.dtype):
+        raise ValueError(f"cuda_backend.decode_linear: residual must hold {weight.shape[0]} elements of {x.dtype}, "
+                         f"got {list(residual.shape)} {residual.dtype}")
     if norm_weight is not None:
         if gated:
             raise ValueError("cuda_backend.decode_linear: gated and norm_weight do not go together")
@@ -578,7 +586,7 @@ def decode_linear(x, weight, bias=None, *, gated=False, norm_weight=None, eps=1e
             f"cuda_backend.decode_linear: the Triton kernels need CUDA tensors (got {x.device}); "
             "set TRITON_INTERPRET=1 before importing triton to run them on the CPU"
         )
-    return torch.ops.gdn_cuda.decode_linear(x, weight, bias, norm_weight, eps, gated)
+    return torch.ops.gdn_cuda.decode_linear(x, weight, bias, norm_weight, eps, gated, residual)
 
 
 def _register_cuda_implementations() -> None:

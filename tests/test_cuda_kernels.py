@@ -120,6 +120,28 @@ else:
         with pytest.raises(ValueError, match=r"norm_weight must be \[520\]"):
             cuda_backend.decode_linear(x, weight, norm_weight=norm.weight[:8].to(dtype).to(DEVICE))
 
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+    @pytest.mark.parametrize("gated", [False, True], ids=["plain", "gated"])
+    def test_decode_linear_adds_the_residual_to_its_product(dtype, gated, generator):
+        """residual: a decoder layer's residual stream, added to the product (an out_proj's, or the MLP's down
+        projection with its gated input) in fp32 before the one rounding."""
+        in_features, out_features = 200, 130
+        x = torch.randn(1, 1, in_features * (2 if gated else 1), generator=generator).to(dtype).to(DEVICE)
+        weight = torch.randn(out_features, in_features, generator=generator).to(dtype).to(DEVICE)
+        residual = (10 * torch.randn(1, 1, out_features, generator=generator)).to(dtype).to(DEVICE)
+        if gated:
+            gate, up = x.double().chunk(2, dim=-1)
+            product = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, weight.double())
+        else:
+            product = torch.nn.functional.linear(x.double(), weight.double())
+        expected = product + residual.double()
+        actual = cuda_backend.decode_linear(x, weight, gated=gated, residual=residual)
+        assert actual.shape == (1, 1, out_features) and actual.dtype == dtype
+        error = ((actual.double() - expected).abs().max() / expected.abs().max()).item()
+        assert error <= (1e-5 if dtype == torch.float32 else 1e-2), error
+        with pytest.raises(ValueError, match="residual must hold 130 elements"):
+            cuda_backend.decode_linear(x, weight, gated=gated, residual=residual[..., :7])
+
     def test_decode_linear_refuses_more_than_one_token(generator):
         weight = torch.randn(8, 16, generator=generator).to(DEVICE)
         with pytest.raises(ValueError, match="x must hold one token of 16 features"):

@@ -19,15 +19,17 @@ import triton.language as tl
 
 @triton.jit
 def decode_linear_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, norm_ptr,
+    x_ptr, w_ptr, b_ptr, y_ptr, norm_ptr, r_ptr,
     N, K, eps,
     sw_n, sw_k,
     HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr,
 ):
     """y = W x (+ b). With ``GATED``, x holds [gate | up] (2K values) and the product is W (silu(gate) * up),
     the MLP's down projection taking its input as the gate/up projection wrote it. With ``NORM``, the product
     is W RMSNorm(x) (Qwen3.5's: x / rms(x) * (1 + norm weight)): the norm's scale is one number a token, so
-    the program sums x² beside the product and scales the sums at the end."""
+    the program sums x² beside the product and scales the sums at the end. With ``RESIDUAL``, r [N] is added to
+    the product: a decoder layer's residual stream, whose add is then no kernel of its own."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     lanes = tl.arange(0, BK)
@@ -52,4 +54,6 @@ def decode_linear_kernel(
         y = y * tl.rsqrt((tl.sum(squares, 0) / K + eps).to(tl.float32))
     if HAS_BIAS:
         y += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    if RESIDUAL:
+        y += tl.load(r_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=row_ok)
