@@ -407,3 +407,38 @@ def test_build_stamp_follows_what_the_library_is_made_from(tmp_path, monkeypatch
     assert executorch_runtime._build_stamp(commands("a", "-O2"), "other", tmp_path) != stamp
     own.write_text("// ours, edited\n")
     assert executorch_runtime._build_stamp(commands("a", "-O2"), "rev", tmp_path) != stamp
+
+
+EAGER_LIKE_THE_REFERENCE = """
+import json, sys, torch
+from gdn_export.loading import load_qwen35
+from gdn_export.passes import rewrite
+checkpoint, calls = sys.argv[1], json.loads(sys.argv[2])
+reference = load_qwen35(checkpoint, max_seq_len=64)
+cuda = rewrite(load_qwen35(checkpoint, max_seq_len=64), "cuda")
+classes = sorted({type(layer).__name__ for layer in cuda.layers})
+errors = []
+with torch.no_grad():
+    for tokens, position in calls:
+        expected = reference(torch.tensor([tokens]), torch.tensor([position]))
+        actual = cuda(torch.tensor([tokens]), torch.tensor([position]))
+        errors.append(((actual - expected).abs().max() / expected.abs().max()).item())
+print(json.dumps([classes, errors]))
+"""
+
+
+@directly
+@pytest.mark.parametrize("options", [dict(moe=True), dict(num_k_heads=2, num_v_heads=6)], ids=["moe", "hv-hk-3"])
+def test_cuda_rewrite_runs_like_the_reference_with_moe_and_odd_head_ratios(tmp_path, options, seed):
+    """Every CUDA rewrite at once (merged projections, norms and residual adds inside the products, the kernels),
+    eager under Triton's interpreter, against the model as loaded: a sparse MoE keeps its norm and its add."""
+    from gdn_export.tiny import make_tiny_checkpoint
+
+    checkpoint = make_tiny_checkpoint(tmp_path / "tiny", key_head_dim=64, value_head_dim=64, seed=seed, **options)
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, 500, (12,), generator=generator).tolist()
+    calls = [(tokens[0:4], 0), (tokens[4:5], 4), (tokens[5:8], 5), (tokens[8:9], 8), (tokens[9:10], 9)]
+    classes, errors = json.loads(run_under_triton_interpreter(
+        EAGER_LIKE_THE_REFERENCE, str(checkpoint), json.dumps(calls)).strip().splitlines()[-1])
+    assert classes == ["ResidualInProducts"], classes
+    assert max(errors) <= 1e-5, f"seed={seed}: relative errors per call {errors}"
