@@ -72,6 +72,12 @@ class XnnpackBackend(CpuBackend):
         except RuntimeOpsUnavailable as error:
             raise RuntimeUnavailable(str(error)) from None
 
+    def finish_rewrite(self, model: nn.Module) -> None:
+        """The norms' means in the form XNNPACK delegates (``runtime_ops.norms``): fewer, larger partitions."""
+        from runtime_ops.norms import pool_norm_means
+
+        pool_norm_means(model)
+
     def partitioners(self, method: str) -> list:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 

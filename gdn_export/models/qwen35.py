@@ -171,8 +171,16 @@ class Qwen35Config:
         )
 
 
+def mean_of_squares(x32: torch.Tensor) -> torch.Tensor:
+    """The mean of x² over the last dim, kept: what an RMSNorm divides by (a backend may compute it
+    another way: the norms call it through ``self``)."""
+    return x32.pow(2).mean(-1, keepdim=True)
+
+
 class RMSNorm(nn.Module):
     """Qwen3.5's RMSNorm: zero-centered weight, scaled by (1 + weight), computed in fp32."""
+
+    mean_of_squares = staticmethod(mean_of_squares)
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -181,12 +189,14 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        normed = x32 * torch.rsqrt(self.mean_of_squares(x32) + self.eps)
         return (normed * (1.0 + self.weight.float())).type_as(x)
 
 
 class GatedRMSNorm(nn.Module):
     """RMSNorm (plain weight) of the recurrence output, then multiplied by SiLU(z)."""
+
+    mean_of_squares = staticmethod(mean_of_squares)
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -195,7 +205,7 @@ class GatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        normed = (x32 * torch.rsqrt(self.mean_of_squares(x32) + self.eps)).to(x.dtype)
         return (self.weight * normed * F.silu(z.float())).to(x.dtype)
 
 
