@@ -33,7 +33,7 @@ from torch.library import triton_op, wrap_triton
 
 from gdn_export.ops.attention import check_attention_inputs
 from gdn_export.ops.contract import CHUNKED_MIN_LENGTH, NAMESPACE, check_inputs, check_out_tensors
-from gdn_export.ops.fused import check_fused_inputs, split_heads
+from gdn_export.ops.fused import check_fused_inputs, num_key_heads, split_heads
 
 from cuda_backend.kernels import SUPPORTED_HEAD_DIMS
 from cuda_backend.kernels.attention import cached_attention_kernel, merge_spans_kernel
@@ -281,8 +281,7 @@ def _gated_delta_rule_op(
 
 
 def _fused_run(form, mixed_qkv, a, b, A_log, dt_bias, state, output, scale):
-    num_k_heads, query, key, value = split_heads(mixed_qkv, state)
-    scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[3])
+    scale = scale if scale is not None else 1.0 / math.sqrt(state.shape[2])
     if form is run_recurrent:
         # Decode reads q/k/v where they lie in mixed_qkv: in a program, the views would be three copy kernels.
         (mixed_qkv,) = _dense_when_traced(mixed_qkv)
@@ -293,8 +292,10 @@ def _fused_run(form, mixed_qkv, a, b, A_log, dt_bias, state, output, scale):
             a = b = torch.cat([a, b], dim=-1)
             gate_starts = (0, state.shape[1] * a.stride(-1))
         run_recurrent(None, None, None, a, b, state, state, output, scale=scale, use_qk_l2norm=True,
-                      a_log=A_log, dt_bias=dt_bias, packed=(mixed_qkv, num_k_heads), gate_starts=gate_starts)
+                      a_log=A_log, dt_bias=dt_bias, packed=(mixed_qkv, num_key_heads(mixed_qkv, state)),
+                      gate_starts=gate_starts)
         return
+    _, query, key, value = split_heads(mixed_qkv, state)
     query, key, value, a, b = _dense_when_traced(query, key, value, a, b)
     # Both forms compute the gating from the raw a/b themselves (no extra launches).
     form(query, key, value, a, b, state, state, output, scale=scale, use_qk_l2norm=True,

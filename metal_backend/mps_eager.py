@@ -126,7 +126,7 @@ def plan_fused_gated_delta_rule(mixed_qkv, a, b, A_log, dt_bias, state, output, 
     """Kernel, grid and parameters of one ``fused_gated_delta_rule.out`` call (inputs already validated)."""
     batch, length, _ = mixed_qkv.shape
     num_v_heads, key_dim, value_dim = state.shape[1], state.shape[2], state.shape[3]
-    num_k_heads = fused.split_heads(mixed_qkv, state)[0]
+    num_k_heads = fused.num_key_heads(mixed_qkv, state)
     params = pack_params("FusedGatedDeltaRuleParams", {
         "batch": batch, "length": length, "num_k_heads": num_k_heads, "num_v_heads": num_v_heads,
         "value_dim": value_dim, "scale": scale if scale is not None else 1.0 / math.sqrt(key_dim),

@@ -40,9 +40,9 @@ FUSED_SCHEMA = f"fused_gated_delta_rule({_ARGS}) -> Tensor"
 FUSED_OUT_SCHEMA = f"fused_gated_delta_rule.out({_ARGS}, Tensor(b!) output) -> Tensor(b!)"
 
 
-def split_heads(mixed_qkv: torch.Tensor, state: torch.Tensor):
-    """(num_k_heads, query [B,T,Hk,Dk], key [B,T,Hk,Dk], value [B,T,Hv,Dv]) views of mixed_qkv."""
-    batch, length, channels = mixed_qkv.shape
+def num_key_heads(mixed_qkv: torch.Tensor, state: torch.Tensor) -> int:
+    """Hk of mixed_qkv [B, T, 2*Hk*Dk + Hv*Dv] (Hv, Dk, Dv from state); raises on an impossible channel count."""
+    channels = mixed_qkv.shape[-1]
     num_v_heads, key_dim, value_dim = state.shape[1], state.shape[2], state.shape[3]
     key_channels = channels - num_v_heads * value_dim
     if key_channels <= 0 or key_channels % (2 * key_dim) != 0:
@@ -51,7 +51,14 @@ def split_heads(mixed_qkv: torch.Tensor, state: torch.Tensor):
             f"Hv={num_v_heads}, Dk={key_dim}, Dv={value_dim} (from state {list(state.shape)}), "
             f"got {channels}"
         )
-    num_k_heads = key_channels // (2 * key_dim)
+    return key_channels // (2 * key_dim)
+
+
+def split_heads(mixed_qkv: torch.Tensor, state: torch.Tensor):
+    """(num_k_heads, query [B,T,Hk,Dk], key [B,T,Hk,Dk], value [B,T,Hv,Dv]) views of mixed_qkv."""
+    batch, length, _ = mixed_qkv.shape
+    num_v_heads, key_dim, value_dim = state.shape[1], state.shape[2], state.shape[3]
+    num_k_heads = num_key_heads(mixed_qkv, state)
     query, key, value = torch.split(
         mixed_qkv, [num_k_heads * key_dim, num_k_heads * key_dim, num_v_heads * value_dim], dim=-1
     )
@@ -106,7 +113,7 @@ def check_fused_inputs(mixed_qkv, a, b, A_log, dt_bias, state) -> None:
             f"gdn.fused_gated_delta_rule: state must have batch {batch} (from mixed_qkv), "
             f"got shape {list(state.shape)}"
         )
-    split_heads(mixed_qkv, state)  # raises on an impossible channel count
+    num_key_heads(mixed_qkv, state)  # raises on an impossible channel count
 
 
 def unfuse(mixed_qkv, a, b, A_log, dt_bias, state):
