@@ -12,6 +12,7 @@ compiles its kernels into the program, as with the recurrence.
 from __future__ import annotations
 
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 
 class CudaCachedAttention(nn.Module):
@@ -25,5 +26,7 @@ class CudaCachedAttention(nn.Module):
         self.attend = kernels.cached_attention_op
 
     def forward(self, query, k_cache, v_cache, positions, mask):
-        # positions[0] is input_pos; the mask is implied by it.
-        return self.attend(query, k_cache, v_cache, positions[:1])
+        # positions[0] is input_pos; the mask is implied by it. At one token positions is input_pos, which the
+        # kernel reads as it is: a slice would be a copy kernel of its own in the program.
+        first = positions if guard_or_false(positions.shape[0] == 1) else positions[:1]
+        return self.attend(query, k_cache, v_cache, first)

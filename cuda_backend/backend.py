@@ -41,10 +41,11 @@ class CudaTritonBackend(Backend):
     def merged_linears(self, layer: nn.Module) -> list[tuple[str, ...]]:
         """The projections each layer makes of one input, as one product: at one token each is a launch of its
         own, and a decode step's small kernels cost launches more than bytes."""
+        from cuda_backend.recurrence import INPUT_PROJECTIONS
         from gdn_export.models.qwen35 import GatedAttention, GatedDeltaNet
 
         # The MLP's gate/up are merged by its own module (``mlp``).
-        siblings = {GatedDeltaNet: ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
+        siblings = {GatedDeltaNet: INPUT_PROJECTIONS,
                     GatedAttention: ("q_proj", "k_proj", "v_proj")}
         return [siblings[type(layer)]] if type(layer) in siblings else []
 
@@ -63,9 +64,11 @@ class CudaTritonBackend(Backend):
         (Gated DeltaNet's and attention's read their normed input nowhere else) and a ``GatedMLP``'s gate/up;
         at one token the product's kernel normalizes its input, one launch fewer a norm. A sparse MoE's norm,
         read by its router and experts, stays. And each layer's residual adds go into the products that end its
-        mixer and its MLP (``ResidualInProducts``)."""
+        mixer and its MLP (``ResidualInProducts``). Gated DeltaNet layers take their one-token calls through
+        ``gdn_cuda::decode_gated_delta_net`` (``DecodeGatedDeltaNet``)."""
         from cuda_backend.linear import DecodeLinear, GatedMLP, ResidualInProducts, output_projection, take_input_norm
-        from gdn_export.models.qwen35 import DecoderLayer
+        from cuda_backend.recurrence import INPUT_PROJECTIONS, CudaFusedRecurrence, DecodeGatedDeltaNet
+        from gdn_export.models.qwen35 import DecoderLayer, GatedDeltaNet
         from gdn_export.passes.linear_groups import LinearGroup
 
         for layer in model.modules():
@@ -79,6 +82,9 @@ class CudaTritonBackend(Backend):
                 take_input_norm(layer, "post_attention_layernorm", layer.mlp.gate_up_proj)
             if isinstance(output_projection(mixer), DecodeLinear):
                 layer.__class__ = ResidualInProducts
+            if type(mixer) is GatedDeltaNet and isinstance(mixer.recurrence, CudaFusedRecurrence) \
+                    and isinstance(getattr(mixer, "__".join(INPUT_PROJECTIONS), None), LinearGroup):
+                mixer.__class__ = DecodeGatedDeltaNet
 
     def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:
         """``decode`` and ``prefill``, as ExecuTorch's own Qwen3.5 CUDA export has them.

@@ -123,7 +123,7 @@ class ResidualInProducts(DecoderLayer):
         mixer = self.linear_attn if linear else self.self_attn
         normed = self.input_layernorm(x)
         with _adding(output_projection(mixer), x):
-            x = mixer(normed, positions[:1] == 0) if linear else mixer(normed, positions, cos, sin, mask)
+            x = mixer(normed, positions) if linear else mixer(normed, positions, cos, sin, mask)
         if not isinstance(self.mlp, GatedMLP):
             return x + self.mlp(self.post_attention_layernorm(x))
         with _adding(self.mlp.down_proj, x):

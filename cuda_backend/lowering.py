@@ -84,6 +84,48 @@ def fast_compile_config():
         yield
 
 
+@contextlib.contextmanager
+def kernel_objects_per_name():
+    """Give every kernel its own object file when AOTInductor embeds kernel binaries one at a time.
+
+    torch 2.11's AOTInductor turns each kernel's binary into ``<binary>.o``
+    (``cpp_builder.convert_cubin_to_obj``), its symbols renamed after the
+    kernel. Two kernel names can share one binary: Triton caches by what it
+    compiles, and Inductor names a user-defined kernel per call site's
+    arguments. Then the second conversion overwrites the first's object and
+    the link lists that one file twice: the 0.8B export failed there with
+    "multiple definition of __decode_linear_kernel_3_start" (its mixer's and
+    attention's output products, both 2048 -> 1024 with a residual). Here a
+    binary met again under another name is converted from a copy named after
+    that kernel. Newer torch embeds all binaries in one object and never
+    calls this converter.
+    """
+    import shutil
+
+    import torch._inductor.codecache as codecache
+    import torch._inductor.cpp_builder as cpp_builder
+
+    convert = cpp_builder.convert_cubin_to_obj
+    first_name = {}
+
+    def convert_per_name(binary: str, kernel_name: str, *args, **kwargs):
+        if first_name.setdefault(binary, kernel_name) != kernel_name:
+            stem, suffix = os.path.splitext(binary)
+            copy = f"{stem}.{kernel_name}{suffix}"
+            shutil.copyfile(binary, copy)
+            binary = copy
+        return convert(binary, kernel_name, *args, **kwargs)
+
+    owners = [module for module in (cpp_builder, codecache) if getattr(module, "convert_cubin_to_obj", None) is convert]
+    for module in owners:
+        module.convert_cubin_to_obj = convert_per_name
+    try:
+        yield
+    finally:
+        for module in owners:
+            module.convert_cubin_to_obj = convert
+
+
 def lower_to_cuda(programs: dict, *, metadata: Optional[dict] = None):
     """Lower ``programs`` ({method name: ExportedProgram}) through CudaBackend.
 
@@ -109,7 +151,7 @@ def lower_to_cuda(programs: dict, *, metadata: Optional[dict] = None):
     # fast settings save).
     fast = os.environ.get("GDN_CUDA_COMPILE_DEFAULTS", "") in ("", "0")
     specs = [CompileSpec(key, value) for key, value in FAST_COMPILE_SPECS.items()] if fast else []
-    with fast_compile_config() if fast else contextlib.nullcontext():
+    with kernel_objects_per_name(), fast_compile_config() if fast else contextlib.nullcontext():
         return lower_programs(
             programs,
             metadata=metadata,

@@ -11,8 +11,15 @@ their kernels into the CudaBackend program; both update ``state`` in place.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+from gdn_export.models.qwen35 import GatedDeltaNet
+
+# A Gated DeltaNet layer's projections of its input, merged into one product (``CudaTritonBackend.merged_linears``)
+# in this order, so the product's output is [qkv | z | b | a].
+INPUT_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 
 
 class CudaFusedRecurrence(nn.Module):
@@ -32,3 +39,26 @@ class CudaFusedRecurrence(nn.Module):
         single_token = guard_or_false(mixed_qkv.shape[1] == 1)
         step = self.decode if single_token else self.prefill
         return step(mixed_qkv, a, b, A_log, dt_bias, state)
+
+
+class DecodeGatedDeltaNet(GatedDeltaNet):
+    """A Gated DeltaNet layer whose one-token calls take ``gdn_cuda::decode_gated_delta_net``.
+
+    Its input projections are one merged product (``INPUT_PROJECTIONS``); at one token the op reads that
+    product's output as it lies, so the conv, its state's shift and the gates are one kernel beside the
+    recurrent one, where the model's form compiled to five kernels a layer. More tokens take the model's
+    form. ``CudaTritonBackend.finish_rewrite`` gives layers this class.
+    """
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        from cuda_backend.linear import one_token
+
+        if not one_token(x):
+            return super().forward(x, positions)
+        projected = getattr(self, "__".join(INPUT_PROJECTIONS)).projection(x)  # [1, 1, C + V + 2 Hv]
+        # At one token the model's positions are its input_pos ([1]), which the kernel reads as it is.
+        core = torch.ops.gdn_cuda.decode_gated_delta_net(projected, self.conv_state, self.conv1d.weight, positions,
+                                                          self.A_log, self.dt_bias, self.recurrent_state)
+        z = projected[..., self.conv_dim:self.conv_dim + self.num_v_heads * self.value_head_dim]
+        core = self.norm(core, z.reshape(1, 1, self.num_v_heads, self.value_head_dim))
+        return self.out_proj(core.reshape(1, 1, -1))

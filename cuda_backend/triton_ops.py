@@ -8,7 +8,9 @@ Importing this module:
   ``gdn_cuda::gated_delta_rule`` (writes output and final_state, which may be
   the initial state), ``gdn_cuda::fused_recurrent_gated_delta_rule`` (decode)
   and ``gdn_cuda::fused_chunked_gated_delta_rule`` (prefill), the last two
-  updating ``state`` in place, ``gdn_cuda::cached_attention`` and
+  updating ``state`` in place, ``gdn_cuda::decode_gated_delta_net`` (a Gated
+  DeltaNet layer's decode from its input projection: conv, gates and
+  recurrence, conv and recurrent state in place), ``gdn_cuda::cached_attention`` and
   ``gdn_cuda::decode_linear`` (a linear layer at one token, which may take an
   MLP's silu-gated input or RMSNorm its input itself);
 * registers them as the CUDA implementation of ``gdn::gated_delta_rule``
@@ -39,6 +41,7 @@ from cuda_backend.kernels import SUPPORTED_HEAD_DIMS
 from cuda_backend.kernels.attention import cached_attention_kernel, merge_spans_kernel
 from cuda_backend.kernels.linear import decode_linear_kernel
 from cuda_backend.kernels.chunked import chunk_output_kernel, chunk_prepare_kernel, chunk_state_kernel
+from cuda_backend.kernels.convolution import decode_convolution_kernel
 from cuda_backend.kernels.recurrent import recurrent_gated_delta_rule_kernel
 
 # Chunk length of the WY form: 64 rows fill the matrix units for per-head gates; the
@@ -333,6 +336,72 @@ fused_chunked_gated_delta_rule = _fused_op(
     "fused_chunked_gated_delta_rule", run_chunked, "Prefill: the chunked kernels on views of mixed_qkv; state in place.")
 
 
+# Channels of the conv a decode prologue program takes.
+DECODE_CONVOLUTION_BLOCK = 256
+
+
+def run_decode_convolution(projected, conv_state, conv_weight, input_pos, A_log, dt_bias, mixed_qkv, gates) -> None:
+    """``decode_convolution_kernel``: from a Gated DeltaNet layer's projection [1, 1, C + V + 2 Hv] of one token
+    (``[qkv | z | b | a]``), SiLU(conv) of its C channels into ``mixed_qkv`` [1, 1, C], the conv state [1, C, W - 1]
+    shifted in place, and ``gates`` [1, 1, 2 Hv] = [a | b], a raised where ``input_pos`` [1] (the token's
+    position) is 0 (``gdn_export.models.qwen35.forget_previous_sequence``)."""
+    from gdn_export.models.qwen35 import FORGET_LOG_DECAY
+
+    channels, taps, num_v_heads = conv_state.shape[1], conv_weight.shape[-1], A_log.shape[0]
+    width = projected.shape[-1]
+    wrap_triton(decode_convolution_kernel)[(triton.cdiv(channels, DECODE_CONVOLUTION_BLOCK) + 1,)](
+        projected, conv_state, conv_weight, input_pos, A_log, dt_bias, mixed_qkv, gates,
+        channels, num_v_heads, width - 2 * num_v_heads, width - num_v_heads,
+        conv_state.stride(1), conv_state.stride(2), conv_weight.stride(0), conv_weight.stride(2),
+        TAPS=taps, TAPS_P2=triton.next_power_of_2(taps), BLOCK=DECODE_CONVOLUTION_BLOCK,
+        HEADS_P2=triton.next_power_of_2(num_v_heads), FORGET_LOG_DECAY=FORGET_LOG_DECAY, num_warps=4,
+    )
+
+
+def check_decode_gated_delta_net_inputs(projected, conv_state, conv_weight, input_pos, A_log, dt_bias, state) -> None:
+    """ValueError naming the input whose shape does not fit one token of one Gated DeltaNet layer."""
+    channels = conv_state.shape[1] if conv_state.dim() == 3 else -1
+    num_v_heads, value_dim = state.shape[1], state.shape[3]
+    width = channels + num_v_heads * value_dim + 2 * num_v_heads
+    problems = []
+    if conv_state.dim() != 3 or conv_state.shape[0] != 1:
+        problems.append(f"conv_state must be [1, C, W - 1], got {list(conv_state.shape)}")
+    elif list(conv_weight.shape) != [channels, 1, conv_state.shape[2] + 1]:
+        problems.append(f"conv_weight must be [{channels}, 1, {conv_state.shape[2] + 1}], got {list(conv_weight.shape)}")
+    if list(projected.shape) != [1, 1, width]:
+        problems.append(f"projected must be one token's [qkv | z | b | a], [1, 1, {width}], got {list(projected.shape)}")
+    if list(input_pos.shape) != [1] or input_pos.dtype != torch.long:
+        problems.append(f"input_pos must be one int64 position, got {list(input_pos.shape)} {input_pos.dtype}")
+    for name, tensor in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if list(tensor.shape) != [num_v_heads]:
+            problems.append(f"{name} must be [{num_v_heads}], got {list(tensor.shape)}")
+    if problems:
+        raise ValueError("gdn_cuda.decode_gated_delta_net: " + "; ".join(problems))
+
+
+@triton_op("gdn_cuda::decode_gated_delta_net", mutates_args={"conv_state", "state"})
+def decode_gated_delta_net(
+    projected: torch.Tensor, conv_state: torch.Tensor, conv_weight: torch.Tensor, input_pos: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, scale: Optional[float] = None,
+) -> torch.Tensor:
+    """A Gated DeltaNet layer's decode from its input projection of one token to the recurrence's output
+    [1, 1, Hv, Dv]: the prologue kernel (conv, conv state, gates; ``run_decode_convolution``), then the recurrent
+    kernel reading its q/k/v and gates where the prologue wrote them; conv and recurrent state in place.
+    ``input_pos`` [1]: the token's position (0 starts a new sequence)."""
+    check_decode_gated_delta_net_inputs(projected, conv_state, conv_weight, input_pos, A_log, dt_bias, state)
+    projected = projected.contiguous()  # one token's dense vector: the kernel reads it by element
+    channels, num_v_heads = conv_state.shape[1], state.shape[1]
+    mixed_qkv = torch.empty(1, 1, channels, dtype=projected.dtype, device=projected.device)
+    gates = torch.empty(1, 1, 2 * num_v_heads, dtype=projected.dtype, device=projected.device)
+    output = _fused_output(mixed_qkv, state)
+    run_decode_convolution(projected, conv_state, conv_weight, input_pos, A_log, dt_bias, mixed_qkv, gates)
+    run_recurrent(None, None, None, gates, gates, state, state, output,
+                  scale=scale if scale is not None else 1.0 / math.sqrt(state.shape[2]), use_qk_l2norm=True,
+                  a_log=A_log, dt_bias=dt_bias, packed=(mixed_qkv, num_key_heads(mixed_qkv, state)),
+                  gate_starts=(0, num_v_heads * gates.stride(-1)))
+    return output
+
+
 def gated_delta_rule(
     query, key, value, g, beta, initial_state, *, scale=None, use_qk_l2norm=False, output=None, final_state=None
 ):
@@ -510,33 +579,51 @@ def cached_attention(query, k_cache, v_cache, input_pos, *, scale=None, output=N
 # DECODE_LINEAR_TILE elements (8 KiB of bf16) per step.
 DECODE_LINEAR_MIN_PROGRAMS = 264
 DECODE_LINEAR_TILE = 4096
+# The 0.8B's and 4B's decode linears, (out, in) -> (rows, width, num_warps): the fastest of
+# ``gdn_bench.cuda_layers linear``'s sweep on the H100 (2026-11-26, weights cold, replayed from a CUDA graph;
+# docs/benchmarks.md). Together 0.8B's step reads its linears in 729 us where the rule above takes 790,
+# and 4B's in 3077 us where it takes 3318. Other shapes take the rule.
+DECODE_LINEAR_MEASURED = {
+    (1024, 2048): (2, 2048, 8), (1024, 3584): (2, 4096, 4), (5120, 1024): (8, 512, 4),
+    (7168, 1024): (8, 1024, 4), (8224, 1024): (8, 1024, 4), (248320, 1024): (2, 1024, 4),
+    (2560, 4096): (2, 4096, 4), (2560, 9216): (8, 1024, 4), (10240, 2560): (32, 256, 8),
+    (12352, 2560): (16, 256, 4), (18432, 2560): (8, 256, 4), (248320, 2560): (2, 1024, 4),
+}
 
 
-def _decode_linear_launch(out_features: int, in_features: int) -> tuple:
-    """(rows, width) of ``decode_linear_kernel``'s tiles: the most rows that still give
-    DECODE_LINEAR_MIN_PROGRAMS programs, then as wide as the tile allows."""
-    rows = 32
-    while rows > 1 and triton.cdiv(out_features, rows) < DECODE_LINEAR_MIN_PROGRAMS:
-        rows //= 2
-    width = min(triton.next_power_of_2(in_features), max(64, DECODE_LINEAR_TILE // rows))
-    return rows, width
+def _decode_linear_launch(out_features: int, in_features: int, launch_shape: Optional[dict] = None) -> dict:
+    """``decode_linear_kernel``'s launch: DECODE_LINEAR_MEASURED's for its shapes; otherwise the most rows a
+    program that still give DECODE_LINEAR_MIN_PROGRAMS programs, then as wide as the tile allows, 4 warps;
+    2 stages. ``launch_shape`` overrides entries (rows, width, num_warps, num_stages: what
+    ``gdn_bench.cuda_layers linear`` sweeps)."""
+    launch = dict(zip(("rows", "width", "num_warps"), DECODE_LINEAR_MEASURED.get((out_features, in_features), ())))
+    launch.update(launch_shape or {})
+    if "rows" not in launch:
+        launch["rows"] = 32
+        while launch["rows"] > 1 and triton.cdiv(out_features, launch["rows"]) < DECODE_LINEAR_MIN_PROGRAMS:
+            launch["rows"] //= 2
+    launch.setdefault("width", min(triton.next_power_of_2(in_features), max(64, DECODE_LINEAR_TILE // launch["rows"])))
+    launch.setdefault("num_warps", 4)
+    launch.setdefault("num_stages", 2)
+    return launch
 
 
-def run_decode_linear(x, weight, bias, output, *, gated=False, norm_weight=None, eps=0.0, residual=None, rows=None,
-                      width=None) -> None:
+def run_decode_linear(x, weight, bias, output, *, gated=False, norm_weight=None, eps=0.0, residual=None,
+                      launch_shape=None) -> None:
     """``decode_linear_kernel``: output [..., N] = x [..., K] (one token, dense) @ weight [N, K].T + bias;
     ``gated``: x holds [gate | up] (2K values) and the input is silu(gate) * up; ``norm_weight``: the input
-    is Qwen3.5's RMSNorm of x with that weight and ``eps``; ``residual`` (N values, dense): added to the output."""
+    is Qwen3.5's RMSNorm of x with that weight and ``eps``; ``residual`` (N values, dense): added to the output.
+    ``launch_shape`` overrides entries of ``_decode_linear_launch``'s choice."""
     out_features, in_features = weight.shape
-    default_rows, default_width = _decode_linear_launch(out_features, in_features)
-    rows, width = rows or default_rows, width or default_width
-    wrap_triton(decode_linear_kernel)[(triton.cdiv(out_features, rows),)](
+    launch = _decode_linear_launch(out_features, in_features, launch_shape)
+    wrap_triton(decode_linear_kernel)[(triton.cdiv(out_features, launch["rows"]),)](
         x, weight, weight if bias is None else bias, output, weight if norm_weight is None else norm_weight,
         weight if residual is None else residual,
         out_features, in_features, eps,
         *weight.stride(),
-        HAS_BIAS=bias is not None, BN=rows, BK=width, GATED=gated, NORM=norm_weight is not None,
-        RESIDUAL=residual is not None, num_warps=4, num_stages=2,
+        HAS_BIAS=bias is not None, BN=launch["rows"], BK=launch["width"], GATED=gated,
+        NORM=norm_weight is not None, RESIDUAL=residual is not None, num_warps=launch["num_warps"],
+        num_stages=launch["num_stages"],
     )
 
 

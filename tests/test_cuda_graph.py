@@ -26,7 +26,12 @@ if INTERPRETED:
 
 directly = pytest.mark.skipif(INTERPRETED, reason="rerun without TRITON_INTERPRET by the test above")
 
-from cuda_backend.lowering import CudaLoweringError, depthwise_conv1d_as_products, lower_to_cuda  # noqa: E402
+from cuda_backend.lowering import (  # noqa: E402
+    CudaLoweringError,
+    depthwise_conv1d_as_products,
+    kernel_objects_per_name,
+    lower_to_cuda,
+)
 from gdn_export.passes import rewrite  # noqa: E402
 
 
@@ -56,8 +61,8 @@ def _gdn_ops(model, length: int) -> list[str]:
 @directly
 def test_decode_export_holds_the_fused_decode_op(cuda_model):
     ops = _gdn_ops(cuda_model, 1)
-    # One per linear-attention layer, then the full-attention layer's.
-    assert ops == ["gdn_cuda.fused_recurrent_gated_delta_rule.default"] * 2 + ["gdn_cuda.cached_attention.default"], ops
+    # One per linear-attention layer (its conv, gates and recurrence), then the full-attention layer's.
+    assert ops == ["gdn_cuda.decode_gated_delta_net.default"] * 2 + ["gdn_cuda.cached_attention.default"], ops
 
 
 @directly
@@ -93,3 +98,33 @@ def test_depthwise_conv1d_decomposition_matches_conv1d(generator):
 def test_lowering_without_cuda_raises_a_clear_error():
     with pytest.raises(CudaLoweringError, match="no CUDA device"):
         lower_to_cuda(None)
+
+
+@directly
+def test_kernels_sharing_one_binary_get_object_files_of_their_own(tmp_path, seed):
+    """Two kernel names with one binary: each object holds the binary's bytes under its own kernel's symbols.
+
+    Without kernel_objects_per_name the second conversion overwrites the first's
+    object, and AOTInductor's link lists one file twice (torch 2.11).
+    """
+    import subprocess
+
+    import torch._inductor.codecache as codecache
+
+    binary = tmp_path / "kernel.fatbin"
+    payload = bytes(torch.randint(0, 256, (3000,), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8))
+    binary.write_bytes(payload)
+    convert = codecache.convert_cubin_to_obj
+    names = ("decode_linear_kernel_3", "decode_linear_kernel_7")
+    with kernel_objects_per_name():
+        objects = [codecache.convert_cubin_to_obj(str(binary), name, "ld", "objcopy") for name in names]
+    assert codecache.convert_cubin_to_obj is convert  # restored
+    assert len(set(objects)) == 2, objects
+    for name, obj in zip(names, objects):
+        symbols = subprocess.run(["nm", obj], capture_output=True, text=True, check=True).stdout
+        assert f"__{name}_start" in symbols and f"__{name}_end" in symbols, symbols
+        data = tmp_path / f"{name}.bin"
+        subprocess.run(["objcopy", "-O", "binary", "-j", ".rodata", obj, str(data)], check=True)
+        assert data.read_bytes() == payload, f"seed {seed}"
+    # Linked together, the two objects define each symbol once.
+    subprocess.run(["ld", "-r", "-o", str(tmp_path / "both.o"), *objects], check=True)

@@ -142,6 +142,25 @@ else:
         with pytest.raises(ValueError, match="residual must hold 130 elements"):
             cuda_backend.decode_linear(x, weight, gated=gated, residual=residual[..., :7])
 
+    # Launches the sweep of gdn_bench.cuda_layers may choose: one row per program, tiles wider than K,
+    # narrow tiles over many rows; 8 warps and 3 stages.
+    @pytest.mark.parametrize("launch_shape", [dict(rows=1, width=512, num_warps=8, num_stages=3),
+                                              dict(rows=32, width=64), dict(rows=4, width=128, num_warps=8)],
+                             ids=lambda shape: "-".join(f"{key}{value}" for key, value in shape.items()))
+    def test_decode_linear_launch_shapes_compute_the_same_product(launch_shape, generator):
+        from cuda_backend.triton_ops import run_decode_linear
+
+        in_features, out_features = 300, 70
+        gate_up = torch.randn(1, 1, 2 * in_features, generator=generator).to(DEVICE)
+        weight = torch.randn(out_features, in_features, generator=generator).to(DEVICE)
+        residual = torch.randn(1, 1, out_features, generator=generator).to(DEVICE)
+        gate, up = gate_up.double().chunk(2, dim=-1)
+        expected = torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, weight.double()) + residual.double()
+        output = torch.full((1, 1, out_features), float("nan"), device=DEVICE)
+        run_decode_linear(gate_up, weight, None, output, gated=True, residual=residual, launch_shape=launch_shape)
+        error = ((output.double() - expected).abs().max() / expected.abs().max()).item()
+        assert error <= 1e-5, error
+
     def test_decode_linear_refuses_more_than_one_token(generator):
         weight = torch.randn(8, 16, generator=generator).to(DEVICE)
         with pytest.raises(ValueError, match="x must hold one token of 16 features"):

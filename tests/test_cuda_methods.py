@@ -99,12 +99,15 @@ def _decode_linear_form(node) -> str:
 def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoint, methods, decomposed):
     assert sorted(methods) == ["decode", "prefill"]
     # The tiny model's layers: linear, linear, full attention.
-    recurrent, chunked = "gdn_cuda.fused_recurrent_gated_delta_rule.default", \
-        "gdn_cuda.fused_chunked_gated_delta_rule.default"
+    # Decode's Gated DeltaNet layers: one op from their projection on (conv, gates, recurrence).
+    recurrent, chunked = "gdn_cuda.decode_gated_delta_net.default", "gdn_cuda.fused_chunked_gated_delta_rule.default"
     attention, linear = "gdn_cuda.cached_attention.default", "gdn_cuda.decode_linear.default"
     decode_ops, prefill_ops = _gdn_ops(methods["decode"]), _gdn_ops(methods["prefill"])
     assert [op for op in decode_ops if op != linear] == [recurrent, recurrent, attention]
     assert [op for op in prefill_ops if op != linear] == [chunked, chunked, attention]
+    convolutions = [node.name for node in methods["decode"].graph.nodes
+                    if node.op == "call_function" and "conv" in str(node.target)]
+    assert not convolutions, convolutions
     # Decode takes every linear layer through the matrix-vector kernel: each layer's two normed inputs (the
     # mixer's merged projections, the MLP's gate/up) with the norm inside, the MLP's down projection with its
     # silu-gated input; prefill only the output layer, which sees the last position alone.
@@ -129,8 +132,8 @@ def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoi
         node for node in methods["prefill"].graph.nodes if str(node.target) == linear)) == "plain"
     decode_kernels, prefill_kernels = _triton_kernels(decomposed["decode"]), _triton_kernels(decomposed["prefill"])
     # Decode splits the cache between programs and merges their spans; prefill walks it in one pass.
-    assert decode_kernels == {"recurrent_gated_delta_rule_kernel", "cached_attention_kernel",
-                              "merge_spans_kernel", "decode_linear_kernel"}, decode_kernels
+    assert decode_kernels == {"decode_convolution_kernel", "recurrent_gated_delta_rule_kernel",
+                              "cached_attention_kernel", "merge_spans_kernel", "decode_linear_kernel"}, decode_kernels
     assert {"chunk_prepare_kernel", "chunk_state_kernel", "cached_attention_kernel"} <= prefill_kernels, \
         prefill_kernels
     assert not {"recurrent_gated_delta_rule_kernel", "merge_spans_kernel"} & prefill_kernels
@@ -417,13 +420,14 @@ checkpoint, calls = sys.argv[1], json.loads(sys.argv[2])
 reference = load_qwen35(checkpoint, max_seq_len=64)
 cuda = rewrite(load_qwen35(checkpoint, max_seq_len=64), "cuda")
 classes = sorted({type(layer).__name__ for layer in cuda.layers})
+mixers = sorted({type(layer.linear_attn if hasattr(layer, "linear_attn") else layer.self_attn).__name__ for layer in cuda.layers})
 errors = []
 with torch.no_grad():
     for tokens, position in calls:
         expected = reference(torch.tensor([tokens]), torch.tensor([position]))
         actual = cuda(torch.tensor([tokens]), torch.tensor([position]))
         errors.append(((actual - expected).abs().max() / expected.abs().max()).item())
-print(json.dumps([classes, errors]))
+print(json.dumps([classes, mixers, errors]))
 """
 
 
@@ -437,8 +441,12 @@ def test_cuda_rewrite_runs_like_the_reference_with_moe_and_odd_head_ratios(tmp_p
     checkpoint = make_tiny_checkpoint(tmp_path / "tiny", key_head_dim=64, value_head_dim=64, seed=seed, **options)
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, 500, (12,), generator=generator).tolist()
-    calls = [(tokens[0:4], 0), (tokens[4:5], 4), (tokens[5:8], 5), (tokens[8:9], 8), (tokens[9:10], 9)]
-    classes, errors = json.loads(run_under_triton_interpreter(
+    # The last call starts a new sequence with one token: the decode kernels must forget the conv and
+    # recurrent states of the first.
+    calls = [(tokens[0:4], 0), (tokens[4:5], 4), (tokens[5:8], 5), (tokens[8:9], 8), (tokens[9:10], 9),
+             (tokens[10:11], 0), (tokens[11:12], 1)]
+    classes, mixers, errors = json.loads(run_under_triton_interpreter(
         EAGER_LIKE_THE_REFERENCE, str(checkpoint), json.dumps(calls)).strip().splitlines()[-1])
     assert classes == ["ResidualInProducts"], classes
+    assert mixers == ["DecodeGatedDeltaNet", "GatedAttention"], mixers
     assert max(errors) <= 1e-5, f"seed={seed}: relative errors per call {errors}"

@@ -5,7 +5,7 @@ path is proven by compiling the program CudaBackend compiles with
 ``torch._inductor.aoti_compile_and_package``, loading the package and matching
 the eager reference model's logits and greedy tokens:
 
-* ``decode``: T = 1, holds ``gdn_cuda::fused_recurrent_gated_delta_rule``; the
+* ``decode``: T = 1, holds ``gdn_cuda::decode_gated_delta_net``; the
   prompt goes in one token at a time, then greedy decoding;
 * ``prefill``: T dynamic, holds ``gdn_cuda::fused_chunked_gated_delta_rule``;
   the prompt and then every decode step go through it.

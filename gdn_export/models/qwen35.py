@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from gdn_export.ops import reference
 from gdn_export.ops.fused import gating, split_heads
@@ -279,8 +280,9 @@ class GatedDeltaNet(nn.Module):
             persistent=False,
         )
 
-    def forward(self, x: torch.Tensor, starting: torch.Tensor) -> torch.Tensor:
-        """``starting`` [1] (bool) is true for a call at position 0: a new sequence."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """``positions`` [T]: the tokens' positions; a call at position 0 starts a new sequence."""
+        starting = positions[:1] == 0
         batch, length, _ = x.shape
         qkv = self.in_proj_qkv(x).transpose(1, 2)  # [B, C, T]
         z = self.in_proj_z(x).reshape(batch, length, self.num_v_heads, self.value_head_dim)
@@ -465,7 +467,7 @@ class DecoderLayer(nn.Module):
     def forward(self, x, positions, cos, sin, mask):
         normed = self.input_layernorm(x)
         if self.layer_type == LINEAR_ATTENTION:
-            x = x + self.linear_attn(normed, positions[:1] == 0)
+            x = x + self.linear_attn(normed, positions)
         else:
             x = x + self.self_attn(normed, positions, cos, sin, mask)
         return x + self.mlp(self.post_attention_layernorm(x))
@@ -551,7 +553,10 @@ class Qwen35ForCausalLM(nn.Module):
             raise ValueError(
                 f"input_pos ({int(input_pos[0])}) + T ({length}) exceeds max_seq_len ({self.max_seq_len})"
             )
-        positions = input_pos + torch.arange(length, device=tokens.device)  # [T]
+        # At one token (a decode method's static T) the positions are input_pos itself: in a GPU program each
+        # kernel that reads them would otherwise get a kernel of its own computing them.
+        one_token = guard_or_false(length == 1)
+        positions = input_pos if one_token else input_pos + torch.arange(length, device=tokens.device)  # [T]
         cache_positions = torch.arange(self.max_seq_len, device=tokens.device)
         mask = positions[:, None] >= cache_positions[None, :]  # [T, max_seq_len], causal
         x = self.embed_tokens(tokens)
