@@ -83,7 +83,8 @@ class CudaTritonBackend(Backend):
             if isinstance(output_projection(mixer), DecodeLinear):
                 layer.__class__ = ResidualInProducts
             if type(mixer) is GatedDeltaNet and isinstance(mixer.recurrence, CudaFusedRecurrence) \
-                    and isinstance(getattr(mixer, "__".join(INPUT_PROJECTIONS), None), LinearGroup):
+                    and isinstance(getattr(mixer, "__".join(INPUT_PROJECTIONS), None), LinearGroup) \
+                    and isinstance(mixer.out_proj, DecodeLinear):
                 mixer.__class__ = DecodeGatedDeltaNet
 
     def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:

@@ -46,8 +46,9 @@ class DecodeGatedDeltaNet(GatedDeltaNet):
 
     Its input projections are one merged product (``INPUT_PROJECTIONS``); at one token the op reads that
     product's output as it lies, so the conv, its state's shift and the gates are one kernel beside the
-    recurrent one, where the model's form compiled to five kernels a layer. More tokens take the model's
-    form. ``CudaTritonBackend.finish_rewrite`` gives layers this class.
+    recurrent one, where the model's form compiled to five kernels a layer, and the output projection
+    (a ``DecodeLinear``) applies the gated RMSNorm as it loads its input. More tokens take the model's form.
+    ``CudaTritonBackend.finish_rewrite`` gives layers this class.
     """
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -59,6 +60,9 @@ class DecodeGatedDeltaNet(GatedDeltaNet):
         # At one token the model's positions are its input_pos ([1]), which the kernel reads as it is.
         core = torch.ops.gdn_cuda.decode_gated_delta_net(projected, self.conv_state, self.conv1d.weight, positions,
                                                           self.A_log, self.dt_bias, self.recurrent_state)
-        z = projected[..., self.conv_dim:self.conv_dim + self.num_v_heads * self.value_head_dim]
-        core = self.norm(core, z.reshape(1, 1, self.num_v_heads, self.value_head_dim))
-        return self.out_proj(core.reshape(1, 1, -1))
+        # The output projection applies the gated RMSNorm itself, reading z where the projection wrote it: the
+        # norm is no kernel of its own, and neither z's slice nor core's reshape is a copy.
+        out_proj = self.out_proj
+        return torch.ops.gdn_cuda.decode_linear(core, out_proj.weight, out_proj.bias, self.norm.weight, self.norm.eps,
+                                                False, out_proj.residual, projected, self.conv_dim,
+                                                self.value_head_dim)

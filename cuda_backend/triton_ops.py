@@ -609,35 +609,64 @@ def _decode_linear_launch(out_features: int, in_features: int, launch_shape: Opt
 
 
 def run_decode_linear(x, weight, bias, output, *, gated=False, norm_weight=None, eps=0.0, residual=None,
-                      launch_shape=None) -> None:
+                      gate=None, gate_start=0, head_dim=0, launch_shape=None) -> None:
     """``decode_linear_kernel``: output [..., N] = x [..., K] (one token, dense) @ weight [N, K].T + bias;
     ``gated``: x holds [gate | up] (2K values) and the input is silu(gate) * up; ``norm_weight``: the input
     is Qwen3.5's RMSNorm of x with that weight and ``eps``; ``residual`` (N values, dense): added to the output.
+    ``head_dim`` > 0: the input is Gated DeltaNet's GatedRMSNorm of x in heads of ``head_dim`` (weight
+    ``norm_weight`` [head_dim], ``eps``) times silu(z), z the K elements of ``gate`` from ``gate_start`` on.
     ``launch_shape`` overrides entries of ``_decode_linear_launch``'s choice."""
     out_features, in_features = weight.shape
     launch = _decode_linear_launch(out_features, in_features, launch_shape)
+    if head_dim:  # a tile holds whole heads (both powers of two)
+        launch["width"] = max(launch["width"], head_dim)
     wrap_triton(decode_linear_kernel)[(triton.cdiv(out_features, launch["rows"]),)](
         x, weight, weight if bias is None else bias, output, weight if norm_weight is None else norm_weight,
-        weight if residual is None else residual,
-        out_features, in_features, eps,
+        weight if residual is None else residual, weight if gate is None else gate,
+        out_features, in_features, eps, gate_start,
         *weight.stride(),
         HAS_BIAS=bias is not None, BN=launch["rows"], BK=launch["width"], GATED=gated,
-        NORM=norm_weight is not None, RESIDUAL=residual is not None, num_warps=launch["num_warps"],
-        num_stages=launch["num_stages"],
+        NORM=norm_weight is not None and not head_dim, RESIDUAL=residual is not None, HEAD_NORM=head_dim,
+        num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )
+
+
+def check_head_norm_inputs(x, weight, norm_weight, gate, gate_start: int, head_dim: int) -> None:
+    """ValueError naming what does not fit ``decode_linear``'s gated per-head RMSNorm of its input."""
+    in_features = weight.shape[-1]
+    problems = []
+    if head_dim & (head_dim - 1) or in_features % head_dim:
+        problems.append(f"head_dim must be a power of two dividing in_features {in_features}, got {head_dim}")
+    if x.numel() != in_features:
+        problems.append(f"x must hold one token's {in_features} features, got {list(x.shape)}")
+    if norm_weight is None or list(norm_weight.shape) != [head_dim]:
+        problems.append(f"norm_weight must be [{head_dim}], got "
+                        f"{None if norm_weight is None else list(norm_weight.shape)}")
+    if gate is None or gate_start < 0 or gate.numel() < gate_start + in_features:
+        problems.append(f"gate must hold {in_features} elements from gate_start {gate_start} on, got "
+                        f"{None if gate is None else list(gate.shape)}")
+    if problems:
+        raise ValueError("gdn_cuda.decode_linear: " + "; ".join(problems))
 
 
 @triton_op("gdn_cuda::decode_linear", mutates_args={})
 def decode_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                      norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0, gated: bool = False,
-                     residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """One token through ``decode_linear_kernel`` (``run_decode_linear`` says what ``gated``, ``norm_weight`` and
-    ``residual`` do); the flags are constants of the traced launch, so a program's kernel has only the branches
-    it takes."""
+                     residual: Optional[torch.Tensor] = None, gate: Optional[torch.Tensor] = None,
+                     gate_start: int = 0, head_dim: int = 0) -> torch.Tensor:
+    """One token through ``decode_linear_kernel`` (``run_decode_linear`` says what ``gated``, ``norm_weight``,
+    ``residual`` and ``head_dim`` do); the flags are constants of the traced launch, so a program's kernel has
+    only the branches it takes. With ``head_dim``, x may be [1, 1, heads, head_dim] (the recurrence's output,
+    taken without a view, which a program would copy) and the output is [1, 1, N]."""
+    if head_dim:
+        check_head_norm_inputs(x, weight, norm_weight, gate, gate_start, head_dim)
+        gate = gate.contiguous()
     x = x.contiguous()  # the kernel reads x (and the residual) as consecutive elements
     residual = None if residual is None else residual.contiguous()
-    output = torch.empty(*x.shape[:-1], weight.shape[0], dtype=x.dtype, device=x.device)
-    run_decode_linear(x, weight, bias, output, gated=gated, norm_weight=norm_weight, eps=eps, residual=residual)
+    leading = x.shape[:2] if head_dim else x.shape[:-1]
+    output = torch.empty(*leading, weight.shape[0], dtype=x.dtype, device=x.device)
+    run_decode_linear(x, weight, bias, output, gated=gated, norm_weight=norm_weight, eps=eps, residual=residual,
+                      gate=gate, gate_start=gate_start, head_dim=head_dim)
     return output
 
 

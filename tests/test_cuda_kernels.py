@@ -142,6 +142,33 @@ else:
         with pytest.raises(ValueError, match="residual must hold 130 elements"):
             cuda_backend.decode_linear(x, weight, gated=gated, residual=residual[..., :7])
 
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+    def test_head_normed_decode_linear_is_the_gated_norm_then_the_product(dtype, generator):
+        """head_dim: the product of Gated DeltaNet's GatedRMSNorm(x, z) (the model's, in fp64) and W, with x in
+        [1, 1, heads, head_dim] as the recurrence writes it and z read from inside a larger tensor."""
+        from cuda_backend.triton_ops import decode_linear_op
+        from gdn_export.models.qwen35 import GatedRMSNorm
+
+        heads, head_dim, out_features, eps, z_start = 3, 64, 70, 1e-6, 11
+        core = (2 * torch.randn(1, 1, heads, head_dim, generator=generator)).to(dtype).to(DEVICE)
+        projected = torch.randn(1, 1, z_start + heads * head_dim + 5, generator=generator).to(dtype).to(DEVICE)
+        norm = GatedRMSNorm(head_dim, eps).double()
+        with torch.no_grad():
+            norm.weight.copy_(1 + 0.5 * torch.randn(head_dim, generator=generator))
+        weight = torch.randn(out_features, heads * head_dim, generator=generator).to(dtype).to(DEVICE)
+        residual = torch.randn(1, 1, out_features, generator=generator).to(dtype).to(DEVICE)
+        z = projected.cpu().double()[..., z_start:z_start + heads * head_dim].reshape(1, 1, heads, head_dim)
+        expected = torch.nn.functional.linear(norm(core.cpu().double(), z).reshape(1, 1, -1),
+                                              weight.cpu().double()) + residual.cpu().double()
+        actual = decode_linear_op(core, weight, None, norm.weight.to(dtype).to(DEVICE), eps, False, residual,
+                                  projected, z_start, head_dim)
+        assert actual.shape == (1, 1, out_features) and actual.dtype == dtype
+        error = ((actual.cpu().double() - expected).abs().max() / expected.abs().max()).item()
+        assert error <= (1e-5 if dtype == torch.float32 else 1e-2), error
+        with pytest.raises(ValueError, match="gate must hold 192 elements from gate_start 11"):
+            decode_linear_op(core, weight, None, norm.weight.to(dtype).to(DEVICE), eps, False, None,
+                             projected[..., :100], z_start, head_dim)
+
     # Launches the sweep of gdn_bench.cuda_layers may choose: one row per program, tiles wider than K,
     # narrow tiles over many rows; 8 warps and 3 stages.
     @pytest.mark.parametrize("launch_shape", [dict(rows=1, width=512, num_warps=8, num_stages=3),

@@ -86,12 +86,16 @@ def _triton_kernels(decomposed) -> set[str]:
 
 
 def _decode_linear_arguments(node) -> dict:
-    return dict(zip(("x", "weight", "bias", "norm_weight", "eps", "gated", "residual"), node.args), **node.kwargs)
+    names = ("x", "weight", "bias", "norm_weight", "eps", "gated", "residual", "gate", "gate_start", "head_dim")
+    return dict(zip(names, node.args), **node.kwargs)
 
 
 def _decode_linear_form(node) -> str:
-    """Which input a gdn_cuda::decode_linear call takes: silu-gated, RMSNormed in its kernel, or plain."""
+    """Which input a gdn_cuda::decode_linear call takes: silu-gated, RMSNormed in its kernel, Gated DeltaNet's
+    gated per-head RMSNorm in its kernel ("head-normed"), or plain."""
     arguments = _decode_linear_arguments(node)
+    if arguments.get("head_dim"):
+        return "head-normed"
     return "gated" if arguments.get("gated") else "normed" if arguments.get("norm_weight") is not None else "plain"
 
 
@@ -110,21 +114,26 @@ def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoi
     assert not convolutions, convolutions
     # Decode takes every linear layer through the matrix-vector kernel: each layer's two normed inputs (the
     # mixer's merged projections, the MLP's gate/up) with the norm inside, the MLP's down projection with its
-    # silu-gated input; prefill only the output layer, which sees the last position alone.
+    # silu-gated input, each Gated DeltaNet output projection with the gated per-head norm inside; prefill only
+    # the output layer, which sees the last position alone.
     model = _cuda_model(checkpoint)
     linears = sum(isinstance(module, torch.nn.Linear) for module in model.modules())
-    layers = 3
+    layers, linear_layers = 3, 2
     forms = [_decode_linear_form(node) for node in methods["decode"].graph.nodes
              if str(node.target) == linear]
-    assert (forms.count("plain"), forms.count("gated"), forms.count("normed")) == \
-        (linears - 3 * layers, layers, 2 * layers)
-    # Each layer's two residual adds happen in the products that end its mixer (plain) and its MLP (gated):
-    # the residual they take is the layer's input, and the decode method has no other add of hidden vectors.
+    assert (forms.count("plain"), forms.count("gated"), forms.count("normed"), forms.count("head-normed")) == \
+        (linears - 3 * layers - linear_layers, layers, 2 * layers, linear_layers)
+    norms = [node.name for node in methods["decode"].graph.nodes if str(node.target) == "aten.silu.default"]
+    assert not norms, norms  # no silu(z) of a gated norm outside the products
+    # Each layer's two residual adds happen in the products that end its mixer (head-normed, plain for
+    # attention) and its MLP (gated): the residual they take is the layer's input, and the decode method has no
+    # other add of hidden vectors.
     with_residual = [(_decode_linear_form(node), _decode_linear_arguments(node)["residual"].meta["val"].shape)
                      for node in methods["decode"].graph.nodes
                      if str(node.target) == linear and _decode_linear_arguments(node).get("residual") is not None]
     hidden = torch.Size([1, 1, model.config.hidden_size])
-    assert sorted(with_residual) == sorted([("plain", hidden)] * layers + [("gated", hidden)] * layers), with_residual
+    assert sorted(with_residual) == sorted([("head-normed", hidden)] * linear_layers + [("plain", hidden)]
+                                           + [("gated", hidden)] * layers), with_residual
     adds = [node for node in methods["decode"].graph.nodes if str(node.target) == "aten.add.Tensor"
             and node.meta["val"].shape == hidden]
     assert not adds, [node.name for node in adds]

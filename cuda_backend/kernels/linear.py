@@ -9,8 +9,9 @@ owns BN rows of W and walks K in BK-wide steps, loading [BN, BK] tiles along
 the rows as they lie (coalesced) and keeping per-lane fp32 partial sums, which
 it reduces once at the end; many small programs keep every SM's loads in flight.
 The MLP's down projection computes its input, silu(gate) * up, as it loads it,
-and a projection of a normed input applies the RMSNorm itself (each one launch
-and one vector round trip fewer).
+a projection of a normed input applies the RMSNorm itself, and Gated
+DeltaNet's output projection its gated per-head RMSNorm (each one launch and
+one vector round trip fewer).
 """
 
 import triton
@@ -19,17 +20,20 @@ import triton.language as tl
 
 @triton.jit
 def decode_linear_kernel(
-    x_ptr, w_ptr, b_ptr, y_ptr, norm_ptr, r_ptr,
-    N, K, eps,
+    x_ptr, w_ptr, b_ptr, y_ptr, norm_ptr, r_ptr, z_ptr,
+    N, K, eps, z_start,
     sw_n, sw_k,
     HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
-    RESIDUAL: tl.constexpr,
+    RESIDUAL: tl.constexpr, HEAD_NORM: tl.constexpr,
 ):
     """y = W x (+ b). With ``GATED``, x holds [gate | up] (2K values) and the product is W (silu(gate) * up),
     the MLP's down projection taking its input as the gate/up projection wrote it. With ``NORM``, the product
     is W RMSNorm(x) (Qwen3.5's: x / rms(x) * (1 + norm weight)): the norm's scale is one number a token, so
     the program sums x² beside the product and scales the sums at the end. With ``RESIDUAL``, r [N] is added to
-    the product: a decoder layer's residual stream, whose add is then no kernel of its own."""
+    the product: a decoder layer's residual stream, whose add is then no kernel of its own. With ``HEAD_NORM``
+    (a head size D; BK a multiple of it), the product is W (GatedRMSNorm(x, z)): each D-wide head of x over its
+    own rms, times the norm weight [D] and silu(z), z read from ``z_ptr`` at element ``z_start`` on (Gated
+    DeltaNet's output gate, where its input projection wrote it)."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     lanes = tl.arange(0, BK)
@@ -47,6 +51,12 @@ def decode_linear_kernel(
         if NORM:
             squares += x * x
             x = x * (1.0 + tl.load(norm_ptr + cols, mask=col_ok, other=0.0).to(tl.float32))
+        if HEAD_NORM:
+            heads = tl.reshape(x, [BK // HEAD_NORM, HEAD_NORM])
+            scale = tl.rsqrt((tl.sum(heads * heads, 1) / HEAD_NORM + eps).to(tl.float32))
+            x = tl.reshape(heads * scale[:, None], [BK])
+            z = tl.load(z_ptr + z_start + cols, mask=col_ok, other=0.0).to(tl.float32)
+            x = x * tl.load(norm_ptr + cols % HEAD_NORM).to(tl.float32) * (z * tl.sigmoid(z))
         partial += w.to(tl.float32) * x[None, :]
     y = tl.sum(partial, 1)
     if NORM:
