@@ -12,7 +12,8 @@ Importing this module:
   DeltaNet layer's decode from its input projection: conv, gates and
   recurrence, conv and recurrent state in place), ``gdn_cuda::cached_attention`` and
   ``gdn_cuda::decode_linear`` (a linear layer at one token, which may take an
-  MLP's silu-gated input or RMSNorm its input itself);
+  MLP's silu-gated input, RMSNorm its input itself, or apply Gated DeltaNet's
+  gated per-head RMSNorm to it);
 * registers them as the CUDA implementation of ``gdn::gated_delta_rule``
   (+ ``.out``), ``gdn::gated_delta_rule_inplace`` (+ ``.out``),
   ``gdn::fused_gated_delta_rule`` (+ ``.out``) and ``gdn::cached_attention``
