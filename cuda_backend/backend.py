@@ -67,7 +67,7 @@ class CudaTritonBackend(Backend):
         mixer and its MLP (``ResidualInProducts``). Gated DeltaNet layers take their one-token calls through
         ``gdn_cuda::decode_gated_delta_net`` (``DecodeGatedDeltaNet``)."""
         from cuda_backend.linear import DecodeLinear, GatedMLP, ResidualInProducts, output_projection, take_input_norm
-        from cuda_backend.recurrence import INPUT_PROJECTIONS, CudaFusedRecurrence, DecodeGatedDeltaNet
+        from cuda_backend.recurrence import DecodeGatedDeltaNet
         from gdn_export.models.qwen35 import DecoderLayer, GatedDeltaNet
         from gdn_export.passes.linear_groups import LinearGroup
 
@@ -82,9 +82,7 @@ class CudaTritonBackend(Backend):
                 take_input_norm(layer, "post_attention_layernorm", layer.mlp.gate_up_proj)
             if isinstance(output_projection(mixer), DecodeLinear):
                 layer.__class__ = ResidualInProducts
-            if type(mixer) is GatedDeltaNet and isinstance(mixer.recurrence, CudaFusedRecurrence) \
-                    and isinstance(getattr(mixer, "__".join(INPUT_PROJECTIONS), None), LinearGroup) \
-                    and isinstance(mixer.out_proj, DecodeLinear):
+            if type(mixer) is GatedDeltaNet:  # rewrite merged its projections and made out_proj a DecodeLinear
                 mixer.__class__ = DecodeGatedDeltaNet
 
     def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:
