@@ -7,12 +7,23 @@ calls the Triton kernels of ``cuda_backend.kernels.attention`` instead, which
 walk the cache only up to the last visible position (the mask is implied by
 ``input_pos``). ``torch.export`` keeps the ``triton_op`` whole and AOTInductor
 compiles its kernels into the program, as with the recurrence.
+
+At one token, ``DecodeGatedAttention`` also takes the layer's norms, rotary
+embedding and cache writes into one kernel (``gdn_cuda::decode_attention_inputs``)
+and its output gate into the output projection's.
 """
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+from gdn_export.models.qwen35 import GatedAttention
+
+# A full-attention layer's projections of its input, merged into one product (``CudaTritonBackend.merged_linears``)
+# in this order, so the product's output is [q_0 | gate_0 | q_1 | gate_1 | ... | k | v].
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
 class CudaCachedAttention(nn.Module):
@@ -30,3 +41,27 @@ class CudaCachedAttention(nn.Module):
         # kernel reads as it is: a slice would be a copy kernel of its own in the program.
         first = positions if guard_or_false(positions.shape[0] == 1) else positions[:1]
         return self.attend(query, k_cache, v_cache, first)
+
+
+class DecodeGatedAttention(GatedAttention):
+    """A full-attention layer whose one-token calls read its merged projection's output as it lies: one kernel
+    (``gdn_cuda::decode_attention_inputs``) norms and rotates q and k and writes k and v into the caches, where
+    the model's form compiled to seven kernels a layer; the attention kernels follow, and the output projection
+    (a ``DecodeLinear``) applies the per-head sigmoid gate as it loads its input. More tokens take the model's
+    form. ``CudaTritonBackend.finish_rewrite`` gives layers this class."""
+
+    def forward(self, x, positions, cos, sin, mask):
+        from cuda_backend.linear import one_token
+
+        if not one_token(x):
+            return super().forward(x, positions, cos, sin, mask)
+        projected = getattr(self, "__".join(ATTENTION_PROJECTIONS)).projection(x)  # [1, 1, 2 (H + Hkv) D]
+        # At one token the model's positions are its input_pos ([1]), which the kernels read as it is.
+        query = torch.ops.gdn_cuda.decode_attention_inputs(projected, self.q_norm.weight, self.k_norm.weight,
+                                                           self.q_norm.eps, cos, sin, positions, self.k_cache,
+                                                           self.v_cache)
+        attended = self.attend(query, self.k_cache, self.v_cache, positions, mask)  # [H, 1, D]
+        # Head h's gate lies after its query, at h * 2D + D of the projection.
+        o_proj, head_dim = self.o_proj, self.head_dim
+        return torch.ops.gdn_cuda.decode_linear(attended, o_proj.weight, o_proj.bias, None, 0.0, False,
+                                                o_proj.residual, projected, head_dim, head_dim, 2 * head_dim, True)

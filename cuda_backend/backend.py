@@ -41,12 +41,12 @@ class CudaTritonBackend(Backend):
     def merged_linears(self, layer: nn.Module) -> list[tuple[str, ...]]:
         """The projections each layer makes of one input, as one product: at one token each is a launch of its
         own, and a decode step's small kernels cost launches more than bytes."""
+        from cuda_backend.attention import ATTENTION_PROJECTIONS
         from cuda_backend.recurrence import INPUT_PROJECTIONS
         from gdn_export.models.qwen35 import GatedAttention, GatedDeltaNet
 
         # The MLP's gate/up are merged by its own module (``mlp``).
-        siblings = {GatedDeltaNet: INPUT_PROJECTIONS,
-                    GatedAttention: ("q_proj", "k_proj", "v_proj")}
+        siblings = {GatedDeltaNet: INPUT_PROJECTIONS, GatedAttention: ATTENTION_PROJECTIONS}
         return [siblings[type(layer)]] if type(layer) in siblings else []
 
     def mlp(self, layer: nn.Module) -> Optional[nn.Module]:
@@ -65,10 +65,12 @@ class CudaTritonBackend(Backend):
         at one token the product's kernel normalizes its input, one launch fewer a norm. A sparse MoE's norm,
         read by its router and experts, stays. And each layer's residual adds go into the products that end its
         mixer and its MLP (``ResidualInProducts``). Gated DeltaNet layers take their one-token calls through
-        ``gdn_cuda::decode_gated_delta_net`` (``DecodeGatedDeltaNet``)."""
+        ``gdn_cuda::decode_gated_delta_net`` (``DecodeGatedDeltaNet``), full-attention layers theirs through
+        ``gdn_cuda::decode_attention_inputs`` (``DecodeGatedAttention``)."""
+        from cuda_backend.attention import DecodeGatedAttention
         from cuda_backend.linear import DecodeLinear, GatedMLP, ResidualInProducts, output_projection, take_input_norm
         from cuda_backend.recurrence import DecodeGatedDeltaNet
-        from gdn_export.models.qwen35 import DecoderLayer, GatedDeltaNet
+        from gdn_export.models.qwen35 import DecoderLayer, GatedAttention, GatedDeltaNet
         from gdn_export.passes.linear_groups import LinearGroup
 
         for layer in model.modules():
@@ -82,8 +84,12 @@ class CudaTritonBackend(Backend):
                 take_input_norm(layer, "post_attention_layernorm", layer.mlp.gate_up_proj)
             if isinstance(output_projection(mixer), DecodeLinear):
                 layer.__class__ = ResidualInProducts
-            if type(mixer) is GatedDeltaNet:  # rewrite merged its projections and made out_proj a DecodeLinear
+            # rewrite merged each mixer's projections, made its output projection a DecodeLinear and (attention)
+            # gave it CudaCachedAttention.
+            if type(mixer) is GatedDeltaNet:
                 mixer.__class__ = DecodeGatedDeltaNet
+            elif type(mixer) is GatedAttention:
+                mixer.__class__ = DecodeGatedAttention
 
     def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:
         """``decode`` and ``prefill``, as ExecuTorch's own Qwen3.5 CUDA export has them.

@@ -10,10 +10,13 @@ Importing this module:
   and ``gdn_cuda::fused_chunked_gated_delta_rule`` (prefill), the last two
   updating ``state`` in place, ``gdn_cuda::decode_gated_delta_net`` (a Gated
   DeltaNet layer's decode from its input projection: conv, gates and
-  recurrence, conv and recurrent state in place), ``gdn_cuda::cached_attention`` and
-  ``gdn_cuda::decode_linear`` (a linear layer at one token, which may take an
-  MLP's silu-gated input, RMSNorm its input itself, or apply Gated DeltaNet's
-  gated per-head RMSNorm to it);
+  recurrence, conv and recurrent state in place), ``gdn_cuda::cached_attention``,
+  ``gdn_cuda::decode_attention_inputs`` (a full-attention layer's decode from
+  its q/k/v projection to its query: norms, rotary embedding, the caches'
+  writes in place) and ``gdn_cuda::decode_linear`` (a linear layer at one
+  token, which may take an MLP's silu-gated input, RMSNorm its input itself,
+  or apply Gated DeltaNet's gated per-head RMSNorm or attention's per-head
+  sigmoid gate to it);
 * registers them as the CUDA implementation of ``gdn::gated_delta_rule``
   (+ ``.out``), ``gdn::gated_delta_rule_inplace`` (+ ``.out``),
   ``gdn::fused_gated_delta_rule`` (+ ``.out``) and ``gdn::cached_attention``
@@ -40,6 +43,7 @@ from gdn_export.ops.fused import check_fused_inputs, num_key_heads, split_heads
 
 from cuda_backend.kernels import SUPPORTED_HEAD_DIMS
 from cuda_backend.kernels.attention import cached_attention_kernel, merge_spans_kernel
+from cuda_backend.kernels.attention_inputs import decode_attention_inputs_kernel
 from cuda_backend.kernels.linear import decode_linear_kernel
 from cuda_backend.kernels.chunked import chunk_output_kernel, chunk_prepare_kernel, chunk_state_kernel
 from cuda_backend.kernels.convolution import decode_convolution_kernel
@@ -576,6 +580,60 @@ def cached_attention(query, k_cache, v_cache, input_pos, *, scale=None, output=N
     return output
 
 
+def check_decode_attention_inputs(projected, q_norm_weight, k_norm_weight, cos, sin, input_pos, k_cache,
+                                  v_cache) -> None:
+    """ValueError naming the input whose shape does not fit one token of one full-attention layer."""
+    problems = []
+    if k_cache.dim() != 3 or v_cache.dim() != 3:
+        raise ValueError(f"gdn_cuda.decode_attention_inputs: k_cache must be [Hkv, D, S] and v_cache [Hkv, S, D], "
+                         f"got {list(k_cache.shape)} and {list(v_cache.shape)}")
+    num_kv_heads, head_dim, max_len = k_cache.shape
+    if list(v_cache.shape) != [num_kv_heads, max_len, head_dim]:
+        problems.append(f"v_cache must be [{num_kv_heads}, {max_len}, {head_dim}], got {list(v_cache.shape)}")
+    width = projected.shape[-1]
+    num_heads = (width - 2 * num_kv_heads * head_dim) // (2 * head_dim)
+    if projected.numel() != width or num_heads < 1 or num_heads % num_kv_heads \
+            or width != 2 * (num_heads + num_kv_heads) * head_dim:
+        problems.append(f"projected must be one token's [q | gate] heads, k and v ([1, 1, 2 (H + {num_kv_heads}) "
+                        f"* {head_dim}], H a multiple of {num_kv_heads}), got {list(projected.shape)}")
+    for name, weight in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        if list(weight.shape) != [head_dim]:
+            problems.append(f"{name} must be [{head_dim}], got {list(weight.shape)}")
+    rotary = cos.shape[-1]
+    if cos.numel() != rotary or list(sin.shape) != list(cos.shape) or rotary % 2 or rotary > head_dim:
+        problems.append(f"cos and sin must be one position's [1, R], R even and at most {head_dim}, got "
+                        f"{list(cos.shape)} and {list(sin.shape)}")
+    if list(input_pos.shape) != [1] or input_pos.dtype != torch.long:
+        problems.append(f"input_pos must be one int64 position, got {list(input_pos.shape)} {input_pos.dtype}")
+    if problems:
+        raise ValueError("gdn_cuda.decode_attention_inputs: " + "; ".join(problems))
+
+
+@triton_op("gdn_cuda::decode_attention_inputs", mutates_args={"k_cache", "v_cache"})
+def decode_attention_inputs(
+    projected: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor, eps: float,
+    cos: torch.Tensor, sin: torch.Tensor, input_pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+) -> torch.Tensor:
+    """A full-attention layer's decode prologue (``decode_attention_inputs_kernel``) from its merged q/k/v
+    projection of one token, ``[q_0 | gate_0 | ... | k | v]`` [1, 1, 2 (H + Hkv) D]: returns the query
+    [H, 1, D], q_norm'd and rotated by ``cos``/``sin`` [1, R]; writes the k_norm'd, rotated key into k_cache
+    [Hkv, D, S] and the value into v_cache [Hkv, S, D] at ``input_pos`` [1]. One ``eps`` for both norms (the
+    model gives them its config's)."""
+    check_decode_attention_inputs(projected, q_norm_weight, k_norm_weight, cos, sin, input_pos, k_cache, v_cache)
+    projected, cos, sin = projected.contiguous(), cos.contiguous(), sin.contiguous()  # read by element
+    num_kv_heads, head_dim, max_len = k_cache.shape
+    num_heads = projected.shape[-1] // (2 * head_dim) - num_kv_heads
+    query = torch.empty(num_heads, 1, head_dim, dtype=projected.dtype, device=projected.device)
+    k_start = 2 * num_heads * head_dim
+    wrap_triton(decode_attention_inputs_kernel)[(num_heads + num_kv_heads,)](
+        projected, q_norm_weight, k_norm_weight, cos, sin, input_pos, query, k_cache, v_cache,
+        eps, k_start, k_start + num_kv_heads * head_dim, max_len,
+        *k_cache.stride(), *v_cache.stride(),
+        NUM_HEADS=num_heads, D=head_dim, BD=triton.next_power_of_2(head_dim), ROTARY=cos.shape[-1], num_warps=2,
+    )
+    return query
+
+
 # A decode linear's launch: at least two programs per SM of an H100 (132), each loading W in tiles of
 # DECODE_LINEAR_TILE elements (8 KiB of bf16) per step.
 DECODE_LINEAR_MIN_PROGRAMS = 264
@@ -610,13 +668,16 @@ def _decode_linear_launch(out_features: int, in_features: int, launch_shape: Opt
 
 
 def run_decode_linear(x, weight, bias, output, *, gated=False, norm_weight=None, eps=0.0, residual=None,
-                      gate=None, gate_start=0, head_dim=0, launch_shape=None) -> None:
+                      gate=None, gate_start=0, head_dim=0, gate_head_stride=0, sigmoid_gate=False,
+                      launch_shape=None) -> None:
     """``decode_linear_kernel``: output [..., N] = x [..., K] (one token, dense) @ weight [N, K].T + bias;
     ``gated``: x holds [gate | up] (2K values) and the input is silu(gate) * up; ``norm_weight``: the input
     is Qwen3.5's RMSNorm of x with that weight and ``eps``; ``residual`` (N values, dense): added to the output.
-    ``head_dim`` > 0: the input is Gated DeltaNet's GatedRMSNorm of x in heads of ``head_dim`` (weight
-    ``norm_weight`` [head_dim], ``eps``) times silu(z), z the K elements of ``gate`` from ``gate_start`` on.
-    ``launch_shape`` overrides entries of ``_decode_linear_launch``'s choice."""
+    ``head_dim`` > 0: x is heads of ``head_dim``, each with a gate z of ``head_dim`` elements of ``gate``,
+    head h's from ``gate_start + h * gate_head_stride`` on (0: ``head_dim``, the gates side by side); the
+    input is Gated DeltaNet's GatedRMSNorm of x (weight ``norm_weight`` [head_dim], ``eps``) times silu(z), or
+    with ``sigmoid_gate`` attention's x * sigmoid(z). ``launch_shape`` overrides entries of
+    ``_decode_linear_launch``'s choice."""
     out_features, in_features = weight.shape
     launch = _decode_linear_launch(out_features, in_features, launch_shape)
     if head_dim:  # a tile holds whole heads (both powers of two)
@@ -624,27 +685,35 @@ def run_decode_linear(x, weight, bias, output, *, gated=False, norm_weight=None,
     wrap_triton(decode_linear_kernel)[(triton.cdiv(out_features, launch["rows"]),)](
         x, weight, weight if bias is None else bias, output, weight if norm_weight is None else norm_weight,
         weight if residual is None else residual, weight if gate is None else gate,
-        out_features, in_features, eps, gate_start,
+        out_features, in_features, eps, gate_start, gate_head_stride or head_dim,
         *weight.stride(),
         HAS_BIAS=bias is not None, BN=launch["rows"], BK=launch["width"], GATED=gated,
-        NORM=norm_weight is not None and not head_dim, RESIDUAL=residual is not None, HEAD_NORM=head_dim,
+        NORM=norm_weight is not None and not head_dim, RESIDUAL=residual is not None,
+        HEAD_NORM=0 if sigmoid_gate else head_dim, HEAD_GATE=head_dim if sigmoid_gate else 0,
         num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )
 
 
-def check_head_norm_inputs(x, weight, norm_weight, gate, gate_start: int, head_dim: int) -> None:
-    """ValueError naming what does not fit ``decode_linear``'s gated per-head RMSNorm of its input."""
+def check_head_gate_inputs(x, weight, norm_weight, gate, gate_start: int, head_dim: int, gate_head_stride: int,
+                           sigmoid_gate: bool) -> None:
+    """ValueError naming what does not fit ``decode_linear``'s per-head gate of its input (Gated DeltaNet's
+    gated RMSNorm, or with ``sigmoid_gate`` attention's sigmoid gate)."""
     in_features = weight.shape[-1]
     problems = []
-    if head_dim & (head_dim - 1) or in_features % head_dim:
+    if head_dim < 1 or head_dim & (head_dim - 1) or in_features % head_dim:
         problems.append(f"head_dim must be a power of two dividing in_features {in_features}, got {head_dim}")
     if x.numel() != in_features:
         problems.append(f"x must hold one token's {in_features} features, got {list(x.shape)}")
-    if norm_weight is None or list(norm_weight.shape) != [head_dim]:
+    if sigmoid_gate and norm_weight is not None:
+        problems.append("sigmoid_gate takes no norm_weight")
+    if not sigmoid_gate and (norm_weight is None or list(norm_weight.shape) != [head_dim]):
         problems.append(f"norm_weight must be [{head_dim}], got "
                         f"{None if norm_weight is None else list(norm_weight.shape)}")
-    if gate is None or gate_start < 0 or gate.numel() < gate_start + in_features:
-        problems.append(f"gate must hold {in_features} elements from gate_start {gate_start} on, got "
+    stride = gate_head_stride or head_dim
+    end = gate_start + (in_features // max(head_dim, 1) - 1) * stride + head_dim
+    if gate is None or gate_start < 0 or stride < head_dim or gate.numel() < end:
+        problems.append(f"gate must hold {in_features // max(head_dim, 1)} heads of {head_dim} elements, "
+                        f"{stride} apart from gate_start {gate_start} on ({end} elements), got "
                         f"{None if gate is None else list(gate.shape)}")
     if problems:
         raise ValueError("gdn_cuda.decode_linear: " + "; ".join(problems))
@@ -654,20 +723,23 @@ def check_head_norm_inputs(x, weight, norm_weight, gate, gate_start: int, head_d
 def decode_linear_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
                      norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0, gated: bool = False,
                      residual: Optional[torch.Tensor] = None, gate: Optional[torch.Tensor] = None,
-                     gate_start: int = 0, head_dim: int = 0) -> torch.Tensor:
+                     gate_start: int = 0, head_dim: int = 0, gate_head_stride: int = 0,
+                     sigmoid_gate: bool = False) -> torch.Tensor:
     """One token through ``decode_linear_kernel`` (``run_decode_linear`` says what ``gated``, ``norm_weight``,
-    ``residual`` and ``head_dim`` do); the flags are constants of the traced launch, so a program's kernel has
-    only the branches it takes. With ``head_dim``, x may be [1, 1, heads, head_dim] (the recurrence's output,
-    taken without a view, which a program would copy) and the output is [1, 1, N]."""
+    ``residual``, ``head_dim``, ``gate_head_stride`` and ``sigmoid_gate`` do); the flags are constants of the
+    traced launch, so a program's kernel has only the branches it takes. With ``head_dim``, x may be any shape
+    of K elements ([1, 1, heads, head_dim], the recurrence's output; [heads, 1, head_dim], the attention's:
+    each taken without a view, which a program would copy) and the output is [1, 1, N]."""
     if head_dim:
-        check_head_norm_inputs(x, weight, norm_weight, gate, gate_start, head_dim)
+        check_head_gate_inputs(x, weight, norm_weight, gate, gate_start, head_dim, gate_head_stride, sigmoid_gate)
         gate = gate.contiguous()
     x = x.contiguous()  # the kernel reads x (and the residual) as consecutive elements
     residual = None if residual is None else residual.contiguous()
-    leading = x.shape[:2] if head_dim else x.shape[:-1]
+    leading = (1, 1) if head_dim else x.shape[:-1]
     output = torch.empty(*leading, weight.shape[0], dtype=x.dtype, device=x.device)
     run_decode_linear(x, weight, bias, output, gated=gated, norm_weight=norm_weight, eps=eps, residual=residual,
-                      gate=gate, gate_start=gate_start, head_dim=head_dim)
+                      gate=gate, gate_start=gate_start, head_dim=head_dim, gate_head_stride=gate_head_stride,
+                      sigmoid_gate=sigmoid_gate)
     return output
 
 

@@ -61,8 +61,10 @@ def _gdn_ops(model, length: int) -> list[str]:
 @directly
 def test_decode_export_holds_the_fused_decode_op(cuda_model):
     ops = _gdn_ops(cuda_model, 1)
-    # One per linear-attention layer (its conv, gates and recurrence), then the full-attention layer's.
-    assert ops == ["gdn_cuda.decode_gated_delta_net.default"] * 2 + ["gdn_cuda.cached_attention.default"], ops
+    # One per linear-attention layer (its conv, gates and recurrence), then the full-attention layer's two (its
+    # norms, rotary embedding and cache writes; its attention).
+    assert ops == ["gdn_cuda.decode_gated_delta_net.default"] * 2 + [
+        "gdn_cuda.decode_attention_inputs.default", "gdn_cuda.cached_attention.default"], ops
 
 
 @directly

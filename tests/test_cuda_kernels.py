@@ -165,9 +165,96 @@ else:
         assert actual.shape == (1, 1, out_features) and actual.dtype == dtype
         error = ((actual.cpu().double() - expected).abs().max() / expected.abs().max()).item()
         assert error <= (1e-5 if dtype == torch.float32 else 1e-2), error
-        with pytest.raises(ValueError, match="gate must hold 192 elements from gate_start 11"):
+        with pytest.raises(ValueError, match="gate must hold 3 heads of 64 elements, 64 apart from gate_start 11"):
             decode_linear_op(core, weight, None, norm.weight.to(dtype).to(DEVICE), eps, False, None,
                              projected[..., :100], z_start, head_dim)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+    def test_head_gated_decode_linear_is_the_sigmoid_gate_then_the_product(dtype, generator):
+        """sigmoid_gate: the product of full attention's gated output, attended * sigmoid(gate), and W (fp64),
+        with attended [heads, 1, head_dim] as the attention writes it and each head's gate read after its
+        query in the q/k/v projection, 2 head_dim apart."""
+        from cuda_backend.triton_ops import decode_linear_op
+
+        heads, head_dim, out_features = 3, 16, 70
+        attended = torch.randn(heads, 1, head_dim, generator=generator).to(dtype).to(DEVICE)
+        projected = (2 * torch.randn(1, 1, 2 * heads * head_dim + 40, generator=generator)).to(dtype).to(DEVICE)
+        weight = torch.randn(out_features, heads * head_dim, generator=generator).to(dtype).to(DEVICE)
+        residual = torch.randn(1, 1, out_features, generator=generator).to(dtype).to(DEVICE)
+        gate = projected.cpu().double()[0, 0, :2 * heads * head_dim].view(heads, 2 * head_dim)[:, head_dim:]
+        gated = attended.cpu().double().reshape(heads, head_dim) * torch.sigmoid(gate)
+        expected = torch.nn.functional.linear(gated.reshape(1, 1, -1), weight.cpu().double()) \
+            + residual.cpu().double()
+        actual = decode_linear_op(attended, weight, None, None, 0.0, False, residual, projected, head_dim, head_dim,
+                                  2 * head_dim, True)
+        assert actual.shape == (1, 1, out_features) and actual.dtype == dtype
+        error = ((actual.cpu().double() - expected).abs().max() / expected.abs().max()).item()
+        assert error <= (1e-5 if dtype == torch.float32 else 1e-2), error
+        with pytest.raises(ValueError, match="sigmoid_gate takes no norm_weight"):
+            decode_linear_op(attended, weight, None, weight[0, :head_dim], 0.0, False, None, projected, head_dim,
+                             head_dim, 2 * head_dim, True)
+        with pytest.raises(ValueError, match=r"3 heads of 16 elements, 32 apart from gate_start 16 on \(96"):
+            decode_linear_op(attended, weight, None, None, 0.0, False, None, projected[..., :90], head_dim,
+                             head_dim, 2 * head_dim, True)
+
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+    def test_decode_attention_inputs_are_the_models_norms_rotary_and_cache_writes(dtype, generator):
+        """gdn_cuda::decode_attention_inputs against GatedAttention's own steps in fp64 (q_norm/k_norm,
+        apply_rotary with rotary_embedding's cos/sin at a partial rotary width, the caches' index_put): the
+        query it returns, the key and value at the position, and every other cache entry untouched."""
+        from cuda_backend.triton_ops import decode_attention_inputs
+        from gdn_export.models.qwen35 import RMSNorm, apply_rotary
+
+        heads, kv_heads, head_dim, rotary, max_len, position, eps = 6, 2, 32, 16, 9, 5, 1e-6
+        projected = (3 * torch.randn(1, 1, 2 * (heads + kv_heads) * head_dim, generator=generator)).to(dtype)
+        norms = [RMSNorm(head_dim, eps).double() for _ in range(2)]
+        with torch.no_grad():
+            for norm in norms:
+                norm.weight.copy_(0.5 * torch.randn(head_dim, generator=generator))
+        angles = position * torch.rand(1, rotary // 2, generator=generator, dtype=torch.float64)
+        cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+        k_cache = torch.randn(kv_heads, head_dim, max_len, generator=generator).to(dtype)
+        v_cache = torch.randn(kv_heads, max_len, head_dim, generator=generator).to(dtype)
+        k_before, v_before = k_cache.clone(), v_cache.clone()
+
+        flat = projected.double()[0, 0]
+        query_and_gate = flat[:2 * heads * head_dim].view(heads, 1, 2 * head_dim)
+        keys = flat[2 * heads * head_dim:(2 * heads + kv_heads) * head_dim].view(kv_heads, 1, head_dim)
+        values = flat[(2 * heads + kv_heads) * head_dim:].view(kv_heads, head_dim)
+        expected_query = apply_rotary(norms[0](query_and_gate[..., :head_dim]), cos, sin)
+        expected_keys = apply_rotary(norms[1](keys), cos, sin)[:, 0]
+
+        k_device, v_device = k_cache.to(DEVICE), v_cache.to(DEVICE)
+        query = decode_attention_inputs(projected.to(DEVICE), norms[0].weight.to(dtype).to(DEVICE),
+                                        norms[1].weight.to(dtype).to(DEVICE), eps, cos.to(dtype).to(DEVICE),
+                                        sin.to(dtype).to(DEVICE), torch.tensor([position], device=DEVICE),
+                                        k_device, v_device)
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        assert query.shape == (heads, 1, head_dim) and query.dtype == dtype
+        for name, actual, expected in (("query", query.cpu().double(), expected_query),
+                                       ("key", k_device.cpu().double()[:, :, position], expected_keys),
+                                       ("value", v_device.cpu().double()[:, position], values)):
+            error = ((actual - expected).abs().max() / expected.abs().max()).item()
+            assert error <= tolerance, f"{name}: {error}"
+        others = [column for column in range(max_len) if column != position]
+        assert torch.equal(k_device.cpu()[:, :, others], k_before[:, :, others])
+        assert torch.equal(v_device.cpu()[:, others], v_before[:, others])
+
+        # A position past the caches writes nothing; shapes that do not fit one layer's token are refused.
+        k_device, v_device = k_before.to(DEVICE), v_before.to(DEVICE)
+        decode_attention_inputs(projected.to(DEVICE), norms[0].weight.to(dtype).to(DEVICE),
+                                norms[1].weight.to(dtype).to(DEVICE), eps, cos.to(dtype).to(DEVICE),
+                                sin.to(dtype).to(DEVICE), torch.tensor([max_len], device=DEVICE), k_device, v_device)
+        assert torch.equal(k_device.cpu(), k_before) and torch.equal(v_device.cpu(), v_before)
+        with pytest.raises(ValueError, match=r"projected must be one token's \[q \| gate\] heads"):
+            decode_attention_inputs(projected[..., :-head_dim].to(DEVICE), norms[0].weight.to(DEVICE),
+                                    norms[1].weight.to(DEVICE), eps, cos.to(DEVICE), sin.to(DEVICE),
+                                    torch.tensor([0], device=DEVICE), k_device, v_device)
+        with pytest.raises(ValueError, match=r"cos and sin must be one position's \[1, R\]"):
+            decode_attention_inputs(projected.to(DEVICE), norms[0].weight.to(DEVICE), norms[1].weight.to(DEVICE),
+                                    eps, cos[..., :3].to(DEVICE), sin[..., :3].to(DEVICE),
+                                    torch.tensor([0], device=DEVICE), k_device, v_device)
+        assert torch.equal(k_device.cpu(), k_before) and torch.equal(v_device.cpu(), v_before)
 
     # Launches the sweep of gdn_bench.cuda_layers may choose: one row per program, tiles wider than K,
     # narrow tiles over many rows; 8 warps and 3 stages.

@@ -86,16 +86,18 @@ def _triton_kernels(decomposed) -> set[str]:
 
 
 def _decode_linear_arguments(node) -> dict:
-    names = ("x", "weight", "bias", "norm_weight", "eps", "gated", "residual", "gate", "gate_start", "head_dim")
+    names = ("x", "weight", "bias", "norm_weight", "eps", "gated", "residual", "gate", "gate_start", "head_dim",
+             "gate_head_stride", "sigmoid_gate")
     return dict(zip(names, node.args), **node.kwargs)
 
 
 def _decode_linear_form(node) -> str:
     """Which input a gdn_cuda::decode_linear call takes: silu-gated, RMSNormed in its kernel, Gated DeltaNet's
-    gated per-head RMSNorm in its kernel ("head-normed"), or plain."""
+    gated per-head RMSNorm in its kernel ("head-normed"), attention's per-head sigmoid gate in its kernel
+    ("head-gated"), or plain."""
     arguments = _decode_linear_arguments(node)
     if arguments.get("head_dim"):
-        return "head-normed"
+        return "head-gated" if arguments.get("sigmoid_gate") else "head-normed"
     return "gated" if arguments.get("gated") else "normed" if arguments.get("norm_weight") is not None else "plain"
 
 
@@ -106,25 +108,34 @@ def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoi
     # Decode's Gated DeltaNet layers: one op from their projection on (conv, gates, recurrence).
     recurrent, chunked = "gdn_cuda.decode_gated_delta_net.default", "gdn_cuda.fused_chunked_gated_delta_rule.default"
     attention, linear = "gdn_cuda.cached_attention.default", "gdn_cuda.decode_linear.default"
+    attention_inputs = "gdn_cuda.decode_attention_inputs.default"
     decode_ops, prefill_ops = _gdn_ops(methods["decode"]), _gdn_ops(methods["prefill"])
-    assert [op for op in decode_ops if op != linear] == [recurrent, recurrent, attention]
+    # Decode's attention layer: one op from its projection to its query (norms, rotary, cache writes).
+    assert [op for op in decode_ops if op != linear] == [recurrent, recurrent, attention_inputs, attention]
     assert [op for op in prefill_ops if op != linear] == [chunked, chunked, attention]
     convolutions = [node.name for node in methods["decode"].graph.nodes
                     if node.op == "call_function" and "conv" in str(node.target)]
     assert not convolutions, convolutions
     # Decode takes every linear layer through the matrix-vector kernel: each layer's two normed inputs (the
     # mixer's merged projections, the MLP's gate/up) with the norm inside, the MLP's down projection with its
-    # silu-gated input, each Gated DeltaNet output projection with the gated per-head norm inside; prefill only
-    # the output layer, which sees the last position alone.
+    # silu-gated input, each Gated DeltaNet output projection with the gated per-head norm inside and the
+    # attention's with its sigmoid gate; prefill only the output layer, which sees the last position alone.
     model = _cuda_model(checkpoint)
     linears = sum(isinstance(module, torch.nn.Linear) for module in model.modules())
     layers, linear_layers = 3, 2
     forms = [_decode_linear_form(node) for node in methods["decode"].graph.nodes
              if str(node.target) == linear]
-    assert (forms.count("plain"), forms.count("gated"), forms.count("normed"), forms.count("head-normed")) == \
-        (linears - 3 * layers - linear_layers, layers, 2 * layers, linear_layers)
-    norms = [node.name for node in methods["decode"].graph.nodes if str(node.target) == "aten.silu.default"]
-    assert not norms, norms  # no silu(z) of a gated norm outside the products
+    assert (forms.count("plain"), forms.count("gated"), forms.count("normed"), forms.count("head-normed"),
+            forms.count("head-gated")) == (linears - 4 * layers, layers, 2 * layers, linear_layers,
+                                           layers - linear_layers)
+    # No silu(z) of a gated norm, sigmoid of attention's gate, rotate_half of the rotary embedding or cache
+    # write outside the kernels (cos and sin, once a step, are the model's), and no RMSNorm but the model's last.
+    outside = [node.name for node in methods["decode"].graph.nodes if str(node.target) in (
+        "aten.silu.default", "aten.sigmoid.default", "aten.neg.default", "aten.index_put_.default",
+        "aten.index_put.default")]
+    assert not outside, outside
+    norms = [node.name for node in methods["decode"].graph.nodes if str(node.target) == "aten.rsqrt.default"]
+    assert len(norms) == 1, norms
     # Each layer's two residual adds happen in the products that end its mixer (head-normed, plain for
     # attention) and its MLP (gated): the residual they take is the layer's input, and the decode method has no
     # other add of hidden vectors.
@@ -132,7 +143,7 @@ def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoi
                      for node in methods["decode"].graph.nodes
                      if str(node.target) == linear and _decode_linear_arguments(node).get("residual") is not None]
     hidden = torch.Size([1, 1, model.config.hidden_size])
-    assert sorted(with_residual) == sorted([("head-normed", hidden)] * linear_layers + [("plain", hidden)]
+    assert sorted(with_residual) == sorted([("head-normed", hidden)] * linear_layers + [("head-gated", hidden)]
                                            + [("gated", hidden)] * layers), with_residual
     adds = [node for node in methods["decode"].graph.nodes if str(node.target) == "aten.add.Tensor"
             and node.meta["val"].shape == hidden]
@@ -142,7 +153,8 @@ def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoi
     decode_kernels, prefill_kernels = _triton_kernels(decomposed["decode"]), _triton_kernels(decomposed["prefill"])
     # Decode splits the cache between programs and merges their spans; prefill walks it in one pass.
     assert decode_kernels == {"decode_convolution_kernel", "recurrent_gated_delta_rule_kernel",
-                              "cached_attention_kernel", "merge_spans_kernel", "decode_linear_kernel"}, decode_kernels
+                              "decode_attention_inputs_kernel", "cached_attention_kernel", "merge_spans_kernel",
+                              "decode_linear_kernel"}, decode_kernels
     assert {"chunk_prepare_kernel", "chunk_state_kernel", "cached_attention_kernel"} <= prefill_kernels, \
         prefill_kernels
     assert not {"recurrent_gated_delta_rule_kernel", "merge_spans_kernel"} & prefill_kernels
@@ -152,7 +164,7 @@ def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoi
 PACKED_HEAD_DIMS = {"q_ptr": "DK", "k_ptr": "DK", "v_ptr": "DV"}
 KERNEL_STRIDES = {"q_ptr": "sq", "k_ptr": "sk", "v_ptr": "sv", "g_ptr": "sg", "beta_ptr": "sbeta",
                   "state_in_ptr": "ss", "state_out_ptr": "ss", "out_ptr": "so", "part_ptr": "sp", "lse_ptr": "sl",
-                  "w_ptr": "sw"}
+                  "w_ptr": "sw", "k_cache_ptr": "skc", "v_cache_ptr": "svc"}
 
 
 def _value(argument):
@@ -457,5 +469,5 @@ def test_cuda_rewrite_runs_like_the_reference_with_moe_and_odd_head_ratios(tmp_p
     classes, mixers, errors = json.loads(run_under_triton_interpreter(
         EAGER_LIKE_THE_REFERENCE, str(checkpoint), json.dumps(calls)).strip().splitlines()[-1])
     assert classes == ["ResidualInProducts"], classes
-    assert mixers == ["DecodeGatedDeltaNet", "GatedAttention"], mixers
+    assert mixers == ["DecodeGatedAttention", "DecodeGatedDeltaNet"], mixers
     assert max(errors) <= 1e-5, f"seed={seed}: relative errors per call {errors}"

@@ -9,9 +9,9 @@ owns BN rows of W and walks K in BK-wide steps, loading [BN, BK] tiles along
 the rows as they lie (coalesced) and keeping per-lane fp32 partial sums, which
 it reduces once at the end; many small programs keep every SM's loads in flight.
 The MLP's down projection computes its input, silu(gate) * up, as it loads it,
-a projection of a normed input applies the RMSNorm itself, and Gated
-DeltaNet's output projection its gated per-head RMSNorm (each one launch and
-one vector round trip fewer).
+a projection of a normed input applies the RMSNorm itself, Gated DeltaNet's
+output projection its gated per-head RMSNorm, and full attention's its
+per-head sigmoid gate (each one launch and one vector round trip fewer).
 """
 
 import triton
@@ -21,10 +21,10 @@ import triton.language as tl
 @triton.jit
 def decode_linear_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr, norm_ptr, r_ptr, z_ptr,
-    N, K, eps, z_start,
+    N, K, eps, z_start, z_head_stride,
     sw_n, sw_k,
     HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
-    RESIDUAL: tl.constexpr, HEAD_NORM: tl.constexpr,
+    RESIDUAL: tl.constexpr, HEAD_NORM: tl.constexpr, HEAD_GATE: tl.constexpr,
 ):
     """y = W x (+ b). With ``GATED``, x holds [gate | up] (2K values) and the product is W (silu(gate) * up),
     the MLP's down projection taking its input as the gate/up projection wrote it. With ``NORM``, the product
@@ -32,8 +32,10 @@ def decode_linear_kernel(
     the program sums x² beside the product and scales the sums at the end. With ``RESIDUAL``, r [N] is added to
     the product: a decoder layer's residual stream, whose add is then no kernel of its own. With ``HEAD_NORM``
     (a head size D; BK a multiple of it), the product is W (GatedRMSNorm(x, z)): each D-wide head of x over its
-    own rms, times the norm weight [D] and silu(z), z read from ``z_ptr`` at element ``z_start`` on (Gated
-    DeltaNet's output gate, where its input projection wrote it)."""
+    own rms, times the norm weight [D] and silu(z) (Gated DeltaNet's output gate). With ``HEAD_GATE`` (a head
+    size D), the product is W (x * sigmoid(z)) (full attention's output gate). In both, head h's D values of z
+    are read from ``z_ptr`` at element ``z_start + h * z_head_stride`` on, where the layer's input projection
+    wrote them."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     lanes = tl.arange(0, BK)
@@ -55,8 +57,13 @@ def decode_linear_kernel(
             heads = tl.reshape(x, [BK // HEAD_NORM, HEAD_NORM])
             scale = tl.rsqrt((tl.sum(heads * heads, 1) / HEAD_NORM + eps).to(tl.float32))
             x = tl.reshape(heads * scale[:, None], [BK])
-            z = tl.load(z_ptr + z_start + cols, mask=col_ok, other=0.0).to(tl.float32)
+            z = tl.load(z_ptr + z_start + cols // HEAD_NORM * z_head_stride + cols % HEAD_NORM, mask=col_ok,
+                        other=0.0).to(tl.float32)
             x = x * tl.load(norm_ptr + cols % HEAD_NORM).to(tl.float32) * (z * tl.sigmoid(z))
+        if HEAD_GATE:
+            z = tl.load(z_ptr + z_start + cols // HEAD_GATE * z_head_stride + cols % HEAD_GATE, mask=col_ok,
+                        other=0.0).to(tl.float32)
+            x = x * tl.sigmoid(z)
         partial += w.to(tl.float32) * x[None, :]
     y = tl.sum(partial, 1)
     if NORM:
