@@ -48,7 +48,15 @@ class DecodeGatedAttention(GatedAttention):
     (``gdn_cuda::decode_attention_inputs``) norms and rotates q and k and writes k and v into the caches, where
     the model's form compiled to seven kernels a layer; the attention kernels follow, and the output projection
     (a ``DecodeLinear``) applies the per-head sigmoid gate as it loads its input. More tokens take the model's
-    form. ``CudaTritonBackend.finish_rewrite`` gives layers this class."""
+    form. The kernel computes the rotary angles from the position: given the model's cos and sin, AOTInductor
+    computed them in two kernels of their own for each layer."""
+
+    @classmethod
+    def taking(cls, layer: GatedAttention, config) -> None:
+        """Give ``layer`` (its projections merged, its o_proj a ``DecodeLinear``, its ``attend`` a
+        ``CudaCachedAttention``: the CUDA rewrite's) this class, with the rotary embedding of ``config``."""
+        layer.__class__ = cls
+        layer.rope_theta, layer.rotary_dim = config.rope_theta, config.rotary_dim
 
     def forward(self, x, positions, cos, sin, mask):
         from cuda_backend.linear import one_token
@@ -58,8 +66,8 @@ class DecodeGatedAttention(GatedAttention):
         projected = getattr(self, "__".join(ATTENTION_PROJECTIONS)).projection(x)  # [1, 1, 2 (H + Hkv) D]
         # At one token the model's positions are its input_pos ([1]), which the kernels read as it is.
         query = torch.ops.gdn_cuda.decode_attention_inputs(projected, self.q_norm.weight, self.k_norm.weight,
-                                                           self.q_norm.eps, cos, sin, positions, self.k_cache,
-                                                           self.v_cache)
+                                                           self.q_norm.eps, self.rope_theta, self.rotary_dim,
+                                                           positions, self.k_cache, self.v_cache)
         attended = self.attend(query, self.k_cache, self.v_cache, positions, mask)  # [H, 1, D]
         # Head h's gate lies after its query, at h * 2D + D of the projection.
         o_proj, head_dim = self.o_proj, self.head_dim

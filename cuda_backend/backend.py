@@ -89,7 +89,7 @@ class CudaTritonBackend(Backend):
             if type(mixer) is GatedDeltaNet:
                 mixer.__class__ = DecodeGatedDeltaNet
             elif type(mixer) is GatedAttention:
-                mixer.__class__ = DecodeGatedAttention
+                DecodeGatedAttention.taking(mixer, model.config)
 
     def export_methods(self, model, prefill_chunk: int) -> dict[str, torch.export.ExportedProgram]:
         """``decode`` and ``prefill``, as ExecuTorch's own Qwen3.5 CUDA export has them.

@@ -580,7 +580,7 @@ def cached_attention(query, k_cache, v_cache, input_pos, *, scale=None, output=N
     return output
 
 
-def check_decode_attention_inputs(projected, q_norm_weight, k_norm_weight, cos, sin, input_pos, k_cache,
+def check_decode_attention_inputs(projected, q_norm_weight, k_norm_weight, rotary_dim, input_pos, k_cache,
                                   v_cache) -> None:
     """ValueError naming the input whose shape does not fit one token of one full-attention layer."""
     problems = []
@@ -599,10 +599,8 @@ def check_decode_attention_inputs(projected, q_norm_weight, k_norm_weight, cos, 
     for name, weight in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
         if list(weight.shape) != [head_dim]:
             problems.append(f"{name} must be [{head_dim}], got {list(weight.shape)}")
-    rotary = cos.shape[-1]
-    if cos.numel() != rotary or list(sin.shape) != list(cos.shape) or rotary % 2 or rotary > head_dim:
-        problems.append(f"cos and sin must be one position's [1, R], R even and at most {head_dim}, got "
-                        f"{list(cos.shape)} and {list(sin.shape)}")
+    if rotary_dim < 2 or rotary_dim % 2 or rotary_dim > head_dim:
+        problems.append(f"rotary_dim must be even, from 2 to {head_dim}, got {rotary_dim}")
     if list(input_pos.shape) != [1] or input_pos.dtype != torch.long:
         problems.append(f"input_pos must be one int64 position, got {list(input_pos.shape)} {input_pos.dtype}")
     if problems:
@@ -612,24 +610,24 @@ def check_decode_attention_inputs(projected, q_norm_weight, k_norm_weight, cos, 
 @triton_op("gdn_cuda::decode_attention_inputs", mutates_args={"k_cache", "v_cache"})
 def decode_attention_inputs(
     projected: torch.Tensor, q_norm_weight: torch.Tensor, k_norm_weight: torch.Tensor, eps: float,
-    cos: torch.Tensor, sin: torch.Tensor, input_pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    rope_theta: float, rotary_dim: int, input_pos: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 ) -> torch.Tensor:
     """A full-attention layer's decode prologue (``decode_attention_inputs_kernel``) from its merged q/k/v
     projection of one token, ``[q_0 | gate_0 | ... | k | v]`` [1, 1, 2 (H + Hkv) D]: returns the query
-    [H, 1, D], q_norm'd and rotated by ``cos``/``sin`` [1, R]; writes the k_norm'd, rotated key into k_cache
-    [Hkv, D, S] and the value into v_cache [Hkv, S, D] at ``input_pos`` [1]. One ``eps`` for both norms (the
-    model gives them its config's)."""
-    check_decode_attention_inputs(projected, q_norm_weight, k_norm_weight, cos, sin, input_pos, k_cache, v_cache)
-    projected, cos, sin = projected.contiguous(), cos.contiguous(), sin.contiguous()  # read by element
+    [H, 1, D], q_norm'd and rotated (the first ``rotary_dim`` channels of each head, base ``rope_theta``, at
+    ``input_pos`` [1]); writes the k_norm'd, rotated key into k_cache [Hkv, D, S] and the value into v_cache
+    [Hkv, S, D] at that position. One ``eps`` for both norms (the model gives them its config's)."""
+    check_decode_attention_inputs(projected, q_norm_weight, k_norm_weight, rotary_dim, input_pos, k_cache, v_cache)
+    projected = projected.contiguous()  # one token's dense vector: the kernel reads it by element
     num_kv_heads, head_dim, max_len = k_cache.shape
     num_heads = projected.shape[-1] // (2 * head_dim) - num_kv_heads
     query = torch.empty(num_heads, 1, head_dim, dtype=projected.dtype, device=projected.device)
     k_start = 2 * num_heads * head_dim
     wrap_triton(decode_attention_inputs_kernel)[(num_heads + num_kv_heads,)](
-        projected, q_norm_weight, k_norm_weight, cos, sin, input_pos, query, k_cache, v_cache,
-        eps, k_start, k_start + num_kv_heads * head_dim, max_len,
+        projected, q_norm_weight, k_norm_weight, input_pos, query, k_cache, v_cache,
+        eps, math.log2(rope_theta), k_start, k_start + num_kv_heads * head_dim, max_len,
         *k_cache.stride(), *v_cache.stride(),
-        NUM_HEADS=num_heads, D=head_dim, BD=triton.next_power_of_2(head_dim), ROTARY=cos.shape[-1], num_warps=2,
+        NUM_HEADS=num_heads, D=head_dim, BD=triton.next_power_of_2(head_dim), ROTARY=rotary_dim, num_warps=2,
     )
     return query
 

@@ -5,7 +5,9 @@ is the q and k RMSNorms, the rotary embedding of both, and two ``index_put``
 writes into the caches. AOTInductor compiled those into seven small kernels a
 layer (two reductions, four pointwise kernels that each recomputed cos/sin from
 the position, one cache write), a few microseconds each in a step whose
-weights take about 1.2 ms to stream. Here one program takes one head of the
+weights take about 1.2 ms to stream; given cos and sin as tensors, it still
+computed them in two kernels of their own a layer. Here each program computes
+the rotary angles from the position itself and takes one head of the
 projection's output as it lies (``[q_0 | gate_0 | q_1 | gate_1 | ... | k | v]``,
 read in place): a query head's program writes that head's normed, rotated query;
 a KV head's program writes its normed, rotated key and its value into the
@@ -26,10 +28,27 @@ def _rms_normed(x_ptr, offsets, mask, weight_ptr, scale):
 
 
 @triton.jit
-def _normed_and_rotated(x_ptr, weight_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, BD: tl.constexpr,
+def _rotary(position, log2_theta, dtype, BD: tl.constexpr, ROTARY: tl.constexpr):
+    """(cos, sin) [BD] of the rotary angles at ``position`` as the model's ``rotary_embedding`` makes them for
+    its first ROTARY channels (halves layout: channel c turns at theta^(-2 (c mod ROTARY / 2) / ROTARY)),
+    rounded to ``dtype`` as it returns them; cos 1 and sin 0 past ROTARY."""
+    d = tl.arange(0, BD)
+    half: tl.constexpr = ROTARY // 2
+    # AOTInductor passes float arguments as fp64: the exponent is cast to fp32.
+    inverse_frequency = tl.exp2((-(2 * (d % half)).to(tl.float32) / ROTARY * log2_theta).to(tl.float32))
+    angle = position.to(tl.float32) * inverse_frequency
+    rotating = d < ROTARY
+    cos = tl.where(rotating, tl.cos(angle).to(dtype).to(tl.float32), 1.0)
+    sin = tl.where(rotating, tl.sin(angle).to(dtype).to(tl.float32), 0.0)
+    return cos, sin
+
+
+@triton.jit
+def _normed_and_rotated(x_ptr, weight_ptr, cos, sin, eps, D: tl.constexpr, BD: tl.constexpr,
                         ROTARY: tl.constexpr):
-    """One head [D] at ``x_ptr``: Qwen3.5's RMSNorm over D channels, then the rotary embedding of its first
-    ROTARY channels (halves layout: channel c < ROTARY / 2 pairs with c + ROTARY / 2), the rest passed."""
+    """One head [D] at ``x_ptr``: Qwen3.5's RMSNorm over D channels, then the rotary embedding (``cos``,
+    ``sin`` from ``_rotary``) of its first ROTARY channels (halves layout: channel c < ROTARY / 2 pairs with
+    c + ROTARY / 2), the rest passed."""
     d = tl.arange(0, BD)
     d_ok = d < D
     x = tl.load(x_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
@@ -41,16 +60,14 @@ def _normed_and_rotated(x_ptr, weight_ptr, cos_ptr, sin_ptr, eps, D: tl.constexp
     rotating = d < ROTARY
     partner = tl.where(d < half, d + half, d - half)
     partner_normed = _rms_normed(x_ptr, partner, rotating, weight_ptr, scale)
-    cos = tl.load(cos_ptr + d, mask=rotating, other=1.0).to(tl.float32)
-    sin = tl.load(sin_ptr + d, mask=rotating, other=0.0).to(tl.float32)
     rotated = normed * cos + tl.where(d < half, -partner_normed, partner_normed) * sin
     return tl.where(rotating, rotated, normed)
 
 
 @triton.jit
 def decode_attention_inputs_kernel(
-    projected_ptr, q_norm_ptr, k_norm_ptr, cos_ptr, sin_ptr, position_ptr, query_ptr, k_cache_ptr, v_cache_ptr,
-    eps, k_start, v_start, max_len,
+    projected_ptr, q_norm_ptr, k_norm_ptr, position_ptr, query_ptr, k_cache_ptr, v_cache_ptr,
+    eps, log2_theta, k_start, v_start, max_len,
     skc_h, skc_d, skc_s, svc_h, svc_s, svc_d,
     NUM_HEADS: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, ROTARY: tl.constexpr,
 ):
@@ -61,15 +78,15 @@ def decode_attention_inputs_kernel(
     head = tl.program_id(0)
     d = tl.arange(0, BD)
     d_ok = d < D
+    position = tl.load(position_ptr)
+    cos, sin = _rotary(position, log2_theta, projected_ptr.dtype.element_ty, BD, ROTARY)
     if head < NUM_HEADS:
-        query = _normed_and_rotated(projected_ptr + head * 2 * D, q_norm_ptr, cos_ptr, sin_ptr, eps, D, BD, ROTARY)
+        query = _normed_and_rotated(projected_ptr + head * 2 * D, q_norm_ptr, cos, sin, eps, D, BD, ROTARY)
         tl.store(query_ptr + head * D + d, query.to(query_ptr.dtype.element_ty), mask=d_ok)
     else:
         kv_head = head - NUM_HEADS
-        position = tl.load(position_ptr)
         in_cache = d_ok & (tl.zeros([BD], tl.int64) + position < max_len)
-        key = _normed_and_rotated(projected_ptr + k_start + kv_head * D, k_norm_ptr, cos_ptr, sin_ptr, eps, D, BD,
-                                  ROTARY)
+        key = _normed_and_rotated(projected_ptr + k_start + kv_head * D, k_norm_ptr, cos, sin, eps, D, BD, ROTARY)
         tl.store(k_cache_ptr + kv_head * skc_h + d * skc_d + position * skc_s,
                  key.to(projected_ptr.dtype.element_ty).to(k_cache_ptr.dtype.element_ty), mask=in_cache)
         value = tl.load(projected_ptr + v_start + kv_head * D + d, mask=d_ok, other=0.0)
