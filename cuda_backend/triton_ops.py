@@ -687,7 +687,7 @@ def run_decode_linear(x, weight, bias, output, *, gated=False, norm_weight=None,
         *weight.stride(),
         HAS_BIAS=bias is not None, BN=launch["rows"], BK=launch["width"], GATED=gated,
         NORM=norm_weight is not None and not head_dim, RESIDUAL=residual is not None,
-        HEAD_NORM=0 if sigmoid_gate else head_dim, HEAD_GATE=head_dim if sigmoid_gate else 0,
+        HEAD=head_dim, HEAD_NORM=not sigmoid_gate,
         num_warps=launch["num_warps"], num_stages=launch["num_stages"],
     )
 

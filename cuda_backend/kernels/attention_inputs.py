@@ -19,12 +19,10 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_normed(x_ptr, offsets, mask, weight_ptr, scale):
-    """x * scale * (1 + weight), both at ``offsets``, in fp32 after rounding to x's dtype, as the model's RMSNorm
-    returns it (``type_as(x)``) before the rotary embedding reads it."""
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-    weight = tl.load(weight_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    return (x.to(tl.float32) * scale * (1.0 + weight)).to(x.dtype).to(tl.float32)
+def _rms_normed(x, weight, scale):
+    """x * scale * (1 + weight), in fp32 after rounding to x's dtype, as the model's RMSNorm returns it
+    (``type_as(x)``) before the rotary embedding reads it."""
+    return (x.to(tl.float32) * scale * (1.0 + weight.to(tl.float32))).to(x.dtype).to(tl.float32)
 
 
 @triton.jit
@@ -51,15 +49,17 @@ def _normed_and_rotated(x_ptr, weight_ptr, cos, sin, eps, D: tl.constexpr, BD: t
     c + ROTARY / 2), the rest passed."""
     d = tl.arange(0, BD)
     d_ok = d < D
-    x = tl.load(x_ptr + d, mask=d_ok, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + d, mask=d_ok, other=0.0)
+    x32 = x.to(tl.float32)
     # AOTInductor passes float arguments as fp64: the scale is cast back to fp32.
-    scale = tl.rsqrt((tl.sum(x * x, 0) / D + eps).to(tl.float32))
-    normed = _rms_normed(x_ptr, d, d_ok, weight_ptr, scale)
+    scale = tl.rsqrt((tl.sum(x32 * x32, 0) / D + eps).to(tl.float32))
+    normed = _rms_normed(x, tl.load(weight_ptr + d, mask=d_ok, other=0.0), scale)
     # rotate_half's partner of each rotated channel, loaded again (registers cannot be permuted).
     half: tl.constexpr = ROTARY // 2
     rotating = d < ROTARY
     partner = tl.where(d < half, d + half, d - half)
-    partner_normed = _rms_normed(x_ptr, partner, rotating, weight_ptr, scale)
+    partner_normed = _rms_normed(tl.load(x_ptr + partner, mask=rotating, other=0.0),
+                                 tl.load(weight_ptr + partner, mask=rotating, other=0.0), scale)
     rotated = normed * cos + tl.where(d < half, -partner_normed, partner_normed) * sin
     return tl.where(rotating, rotated, normed)
 

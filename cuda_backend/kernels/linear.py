@@ -24,18 +24,17 @@ def decode_linear_kernel(
     N, K, eps, z_start, z_head_stride,
     sw_n, sw_k,
     HAS_BIAS: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GATED: tl.constexpr, NORM: tl.constexpr,
-    RESIDUAL: tl.constexpr, HEAD_NORM: tl.constexpr, HEAD_GATE: tl.constexpr,
+    RESIDUAL: tl.constexpr, HEAD: tl.constexpr, HEAD_NORM: tl.constexpr,
 ):
     """y = W x (+ b). With ``GATED``, x holds [gate | up] (2K values) and the product is W (silu(gate) * up),
     the MLP's down projection taking its input as the gate/up projection wrote it. With ``NORM``, the product
     is W RMSNorm(x) (Qwen3.5's: x / rms(x) * (1 + norm weight)): the norm's scale is one number a token, so
     the program sums x² beside the product and scales the sums at the end. With ``RESIDUAL``, r [N] is added to
-    the product: a decoder layer's residual stream, whose add is then no kernel of its own. With ``HEAD_NORM``
-    (a head size D; BK a multiple of it), the product is W (GatedRMSNorm(x, z)): each D-wide head of x over its
-    own rms, times the norm weight [D] and silu(z) (Gated DeltaNet's output gate). With ``HEAD_GATE`` (a head
-    size D), the product is W (x * sigmoid(z)) (full attention's output gate). In both, head h's D values of z
-    are read from ``z_ptr`` at element ``z_start + h * z_head_stride`` on, where the layer's input projection
-    wrote them."""
+    the product: a decoder layer's residual stream, whose add is then no kernel of its own. With ``HEAD`` (a head
+    size D; BK a multiple of it), x is gated per head by z, head h's D values read from ``z_ptr`` at element
+    ``z_start + h * z_head_stride`` on, where the layer's input projection wrote them: with ``HEAD_NORM`` the
+    product is W (GatedRMSNorm(x, z)), each head of x over its own rms, times the norm weight [D] and silu(z)
+    (Gated DeltaNet's output gate); without, W (x * sigmoid(z)) (full attention's output gate)."""
     rows = tl.program_id(0) * BN + tl.arange(0, BN)
     row_ok = rows < N
     lanes = tl.arange(0, BK)
@@ -53,17 +52,16 @@ def decode_linear_kernel(
         if NORM:
             squares += x * x
             x = x * (1.0 + tl.load(norm_ptr + cols, mask=col_ok, other=0.0).to(tl.float32))
-        if HEAD_NORM:
-            heads = tl.reshape(x, [BK // HEAD_NORM, HEAD_NORM])
-            scale = tl.rsqrt((tl.sum(heads * heads, 1) / HEAD_NORM + eps).to(tl.float32))
-            x = tl.reshape(heads * scale[:, None], [BK])
-            z = tl.load(z_ptr + z_start + cols // HEAD_NORM * z_head_stride + cols % HEAD_NORM, mask=col_ok,
+        if HEAD:
+            z = tl.load(z_ptr + z_start + cols // HEAD * z_head_stride + cols % HEAD, mask=col_ok,
                         other=0.0).to(tl.float32)
-            x = x * tl.load(norm_ptr + cols % HEAD_NORM).to(tl.float32) * (z * tl.sigmoid(z))
-        if HEAD_GATE:
-            z = tl.load(z_ptr + z_start + cols // HEAD_GATE * z_head_stride + cols % HEAD_GATE, mask=col_ok,
-                        other=0.0).to(tl.float32)
-            x = x * tl.sigmoid(z)
+            if HEAD_NORM:
+                heads = tl.reshape(x, [BK // HEAD, HEAD])
+                scale = tl.rsqrt((tl.sum(heads * heads, 1) / HEAD + eps).to(tl.float32))
+                x = tl.reshape(heads * scale[:, None], [BK])
+                x = x * tl.load(norm_ptr + cols % HEAD).to(tl.float32) * (z * tl.sigmoid(z))
+            else:
+                x = x * tl.sigmoid(z)
         partial += w.to(tl.float32) * x[None, :]
     y = tl.sum(partial, 1)
     if NORM:
