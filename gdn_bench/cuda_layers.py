@@ -25,7 +25,14 @@ whose weights need 1 to 2 us):
   TFLOP/s (prefill), GB/s of cache read (decode); the fastest correct shape of each
   case shows what the launcher should choose.
 
-Usage: ``python -m gdn_bench.cuda_layers linear|attention [--shapes 0.8b,4b] [--cache 8320]``
+* ``gemm``: the prefill method's matrix products at a chunk of ``--tokens`` (the
+  e2e bench's 2048), one distinct (out, in) shape at a time: cuBLAS (what
+  transformers runs) against AOTInductor's Triton GEMM templates as our lowering
+  tunes them (CudaBackend allows Triton templates only: its runtime links no
+  cuBLAS) and under each of ``GEMM_VARIANTS``' Inductor settings; TFLOP/s each,
+  and a chunk's products (each shape times its count) in total.
+
+Usage: ``python -m gdn_bench.cuda_layers linear|attention|gemm [--shapes 0.8b,4b] [--cache 8320] [--tokens 2048]``
 (the device step: ``run_on_device.sh cuda-layers``).
 """
 
@@ -53,6 +60,12 @@ LINEAR_SWEEP = tuple(
     for rows in (1, 2, 4, 8, 16, 32) for tile in (2048, 4096, 8192, 16384) if tile // rows >= 64
     for warps in (4, 8) for stages in (2,)
 )
+# Inductor settings tried on the prefill GEMMs besides the lowering's own (``gemm``): its persistent
+# kernel that loads tiles through the Hopper TMA unit, alone and with TMA stores of the output.
+GEMM_VARIANTS = {
+    "persistent TMA": {"triton.enable_persistent_tma_matmul": True},
+    "persistent TMA + TMA store": {"triton.enable_persistent_tma_matmul": True, "triton.enable_template_tma_store": True},
+}
 # Each linear is timed over copies of its weight adding up to this many bytes, more than an H100's or H200's L2.
 COLD_BYTES = 256 << 20
 PREFILL_CALLS = [(2048, position) for position in (0, 2048, 4096, 6144)]  # (T, position)
@@ -174,6 +187,90 @@ def bench_linears(shapes: list[str]) -> int:
     return 0
 
 
+def prefill_linears(config: dict) -> Counter:
+    """{(out_features, in_features): count} of the products a prefill chunk makes as matrix products: a
+    decode step's linears (``step_linears``) but the output layer, which prefill runs on the last token only."""
+    shapes = Counter()
+    for (out_features, in_features, _), count in step_linears(config).items():
+        shapes[(out_features, in_features)] += count
+    shapes[(config["vocab_size"], config["hidden_size"])] -= 1
+    return +shapes
+
+
+def gemm_settings(extra: dict) -> dict:
+    """The Inductor settings our lowering compiles the prefill GEMMs under (CudaBackend's TRITON-only GEMM
+    backends, ``cuda_backend.lowering.FAST_INDUCTOR_CONFIG``), updated with ``extra``; those this torch lacks are
+    dropped."""
+    import torch._inductor.config as inductor_config
+
+    from cuda_backend.lowering import FAST_INDUCTOR_CONFIG
+
+    settings = {**FAST_INDUCTOR_CONFIG, "max_autotune_gemm_backends": "TRITON", **extra}
+    kept = {}
+    for key, value in settings.items():
+        owner = inductor_config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent, None)
+        if owner is not None and hasattr(owner, leaf):
+            kept[key] = value
+    return kept
+
+
+def bench_gemms(shapes: list[str], tokens: int) -> int:
+    import torch
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+    import torch.nn.functional as F
+    import triton.testing
+
+    def time_ms(run) -> float:
+        try:
+            return triton.testing.do_bench_cudagraph(run)
+        except Exception:  # noqa: BLE001  (a kernel that cannot be captured is timed launched one by one)
+            return triton.testing.do_bench(run)
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    systems = ["cuBLAS", "templates (ours)", *GEMM_VARIANTS]
+    failed = False
+    for name in shapes:
+        total = dict.fromkeys(systems, 0.0)
+        flops_total = 0
+        print(f"\n{name}: a prefill chunk of {tokens} tokens; shape (out, in) x count | "
+              + " | ".join(f"{system} us, TFLOP/s" for system in systems))
+        for (out_features, in_features), count in sorted(prefill_linears(SHAPES[name]).items()):
+            x = torch.randn(tokens, in_features, device="cuda", dtype=torch.bfloat16, generator=generator)
+            weight = torch.randn(out_features, in_features, device="cuda", dtype=torch.bfloat16,
+                                 generator=generator) / in_features**0.5
+            expected = F.linear(x, weight)
+            flops = 2 * tokens * out_features * in_features
+            times = {"cuBLAS": time_ms(lambda: F.linear(x, weight))}
+            for system, extra in (("templates (ours)", {}), *GEMM_VARIANTS.items()):
+                torch._dynamo.reset()
+                with inductor_config.patch(gemm_settings(extra)):
+                    compiled = torch.compile(lambda a, b: F.linear(a, b), dynamic=False, fullgraph=True)
+                    try:
+                        actual = compiled(x, weight)
+                    except Exception as error:  # noqa: BLE001  (a setting that does not compile is a result)
+                        print(f"  ({out_features}, {in_features}) {system}: failed: {type(error).__name__}: "
+                              f"{str(error)[:160]}")
+                        times[system] = float("nan")
+                        continue
+                    difference = relative_error(actual, expected)
+                    if not difference <= 2e-2:
+                        print(f"  ({out_features}, {in_features}) {system}: MISMATCH with cuBLAS, {difference:.1e}")
+                        failed = True
+                    times[system] = time_ms(lambda: compiled(x, weight))
+            flops_total += flops * count
+            for system in systems:
+                total[system] += times[system] * count
+            print(f"  ({out_features}, {in_features}) x {count} | " + " | ".join(
+                f"{times[system] * 1e3:.0f}, {flops / times[system] / 1e9:.0f}" for system in systems))
+        print(f"{name}: a chunk's products, {flops_total / 1e12:.1f} TFLOP: " + ", ".join(
+            f"{system} {total[system]:.2f} ms ({flops_total / total[system] / 1e9:.0f} TFLOP/s)" for system in systems))
+    return 1 if failed else 0
+
+
 def bench_attention(shapes: list[str], cache: int) -> int:
     import torch
     import torch.nn.functional as F
@@ -250,10 +347,11 @@ def bench_attention(shapes: list[str], cache: int) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bench", choices=("linear", "attention"))
+    parser.add_argument("bench", choices=("linear", "attention", "gemm"))
     parser.add_argument("--shapes", default="0.8b,4b", help="comma-separated, of " + ", ".join(SHAPES))
     parser.add_argument("--cache", type=int, default=8320, help="attention: cache positions (the e2e bench's "
                                                                 "8192 + 128)")
+    parser.add_argument("--tokens", type=int, default=2048, help="gemm: the prefill chunk's tokens (rows)")
     args = parser.parse_args(argv)
     shapes = args.shapes.split(",")
     unknown = [shape for shape in shapes if shape not in SHAPES]
@@ -262,6 +360,10 @@ def main(argv=None) -> int:
     reach = max(position + length for length, position in PREFILL_CALLS + DECODE_CALLS)
     if args.cache < reach:
         parser.error(f"--cache {args.cache}: the attention calls reach position {reach}")
+    if args.tokens < 2:
+        parser.error(f"--tokens {args.tokens}: a prefill chunk has at least 2 tokens")
+    if args.bench == "gemm":
+        return bench_gemms(shapes, args.tokens)
     return bench_linears(shapes) if args.bench == "linear" else bench_attention(shapes, args.cache)
 
 

@@ -213,6 +213,39 @@ def test_kernels_in_the_lowered_programs_read_their_inputs_through_the_inputs_st
 
 
 @directly
+def test_prefill_reads_every_weight_in_place_not_through_a_transposed_copy(checkpoint, decomposed):
+    """The prefill's products reach CudaBackend as ``aten.linear`` of the weight itself. Decomposed into
+    ``mm`` of its transpose, ``to_edge`` made that a ``permute_copy``, and AOTInductor copied every weight on
+    every prefill call (a sixth of the 4B's 2048-token prefill on the H100)."""
+    from executorch.backends.cuda.cuda_partitioner import CudaPartitioner
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+
+    class Partitioned(Exception):
+        """Stops the lowering where CudaPartitioner gets the edge program (compiling it needs the GPU)."""
+
+    class SeesWhatCudaBackendGets(CudaPartitioner):
+        def partition(self, program):
+            raise Partitioned(program)
+
+    with pytest.raises(Partitioned) as stopped:
+        to_edge_transform_and_lower(
+            {"prefill": decomposed["prefill"]}, partitioner=[SeesWhatCudaBackendGets([])],
+            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True))
+    edge = stopped.value.args[0]
+    parameters = edge.graph_signature.inputs_to_parameters
+    transposed = [node.name for node in edge.graph.nodes if node.op == "call_function" and node.args
+                  and isinstance(node.args[0], torch.fx.Node) and node.args[0].name in parameters
+                  and "permute" in str(node.target)]
+    assert not transposed, transposed
+    read = {parameters[node.args[1].name] for node in edge.graph.nodes if "aten.linear" in str(node.target)}
+    # Every linear layer's weight but the output layer's, which sees the last position alone (decode_linear).
+    model = _cuda_model(checkpoint)
+    expected = {f"{name}.weight" for name, module in model.named_modules()
+                if isinstance(module, torch.nn.Linear) and name != "lm_head"}
+    assert read == expected, sorted(read ^ expected)
+
+
+@directly
 def test_prefill_takes_two_to_prefill_chunk_tokens(methods):
     decode_tokens = methods["decode"].graph_signature.user_inputs[0]
     shapes = {node.name: node.meta["val"].shape for node in methods["decode"].graph.nodes if node.op == "placeholder"}

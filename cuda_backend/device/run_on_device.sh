@@ -12,10 +12,13 @@
 #          --chunked-sweep times) against the fp64 reference
 #   cuda-layers: python -m gdn_bench.cuda_layers for each of CUDA_LAYERS (default "linear attention"): the decode
 #          linear kernel against cuBLAS on a 0.8B and 4B decode step's linear shapes, and the cached-attention
-#          kernels' launch shapes against PyTorch's flash attention (prefill chunks deep into an 8192 prompt, decode)
+#          kernels' launch shapes against PyTorch's flash attention (prefill chunks deep into an 8192 prompt, decode);
+#          "gemm": the prefill chunk's matrix products, cuBLAS against AOTInductor's Triton templates
+#          (CUDA_LAYERS_ARGS adds options, e.g. --shapes 4b)
 #   decode-profile: Nsight Compute's kernel durations of a decode step of a program cuda-bench built
-#          (PROFILE_PROGRAM, default the first build/e2e_cuda/0.8b/ours_* folder; its checkpoint's tokenizer),
-#          summed by kernel (cuda_backend/device/profile_decode.py)
+#          (PROFILE_PROGRAM, default the first build/e2e_cuda/${PROFILE_SHAPE:-0.8b}/ours_* folder; its
+#          checkpoint's tokenizer), summed by kernel (cuda_backend/device/profile_decode.py)
+#   prefill-profile: the same for one prefill call of PROFILE_TOKENS (default 2048) tokens, also by kernel family
 #   runtime: ExecuTorch's CUDA runtime (skipped when up to date) and the C++ runner, built and waited for
 #   aoti:  the tiny model's decode/prefill programs through AOTInductor, loaded and matched with eager
 #   bench: gdn-bench cuda (BENCH_ARGS adds arguments, e.g. --sweep)
@@ -96,14 +99,16 @@ for step in "${steps[@]}"; do
       grep -v "Warning\|^ *from \|^ *\"\"\"" "$OUT/variants.log" | tail -60 ;;
     cuda-layers)
       for bench in ${CUDA_LAYERS:-linear attention}; do
-        python3 -m gdn_bench.cuda_layers "$bench" 2>&1 | tee "$OUT/cuda_layers_$bench.log" || status=1
+        python3 -m gdn_bench.cuda_layers "$bench" ${CUDA_LAYERS_ARGS:-} 2>&1 | tee "$OUT/cuda_layers_$bench.log" || status=1
       done ;;
-    decode-profile)
-      program=${PROFILE_PROGRAM:-$(ls -d build/e2e_cuda/0.8b/ours_* 2>/dev/null | head -1)}
-      [ -d "$program" ] || { echo "decode-profile: no program folder ($program); run cuda-bench first"; status=1; continue; }
-      python3 -m cuda_backend.device.profile_decode --program "$program" \
-          --tokenizer "$(dirname "$program")/checkpoint/tokenizer.json" --out "$OUT/decode_profile.csv" 2>&1 \
-          | tee "$OUT/decode_profile.log" || status=1 ;;
+    decode-profile|prefill-profile)
+      program=${PROFILE_PROGRAM:-$(ls -d build/e2e_cuda/${PROFILE_SHAPE:-0.8b}/ours_* 2>/dev/null | head -1)}
+      [ -d "$program" ] || { echo "$step: no program folder ($program); run cuda-bench first"; status=1; continue; }
+      prefill=()
+      [ "$step" = prefill-profile ] && prefill=(--prefill-tokens "${PROFILE_TOKENS:-2048}")
+      python3 -m cuda_backend.device.profile_decode --program "$program" "${prefill[@]}" \
+          --tokenizer "$(dirname "$program")/checkpoint/tokenizer.json" --out "$OUT/${step}.csv" 2>&1 \
+          | tee "$OUT/${step}.log" || status=1 ;;
     aoti)
       python3 -X faulthandler -m cuda_backend.device.aoti_check "$OUT" > "$OUT/aoti.log" 2>&1 || status=1
       grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$OUT/aoti.log" | tail -30 ;;
