@@ -72,16 +72,23 @@ def fast_compile_config():
     """``FAST_INDUCTOR_CONFIG`` for the duration (settings this torch lacks are skipped)."""
     import torch._inductor.config as inductor_config
 
-    settings = {}
-    for key, value in FAST_INDUCTOR_CONFIG.items():
+    with inductor_config.patch(known_inductor_settings(FAST_INDUCTOR_CONFIG)):
+        yield
+
+
+def known_inductor_settings(settings: dict) -> dict:
+    """``settings`` ({dotted Inductor config name: value}) without those this torch's Inductor lacks."""
+    import torch._inductor.config as inductor_config
+
+    known = {}
+    for key, value in settings.items():
         owner = inductor_config
         *parents, leaf = key.split(".")
         for parent in parents:
             owner = getattr(owner, parent, None)
         if owner is not None and hasattr(owner, leaf):
-            settings[key] = value
-    with inductor_config.patch(settings):
-        yield
+            known[key] = value
+    return known
 
 
 @contextlib.contextmanager

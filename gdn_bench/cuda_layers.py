@@ -203,20 +203,9 @@ def gemm_settings(extra: dict) -> dict:
     """The Inductor settings our lowering compiles the prefill GEMMs under (CudaBackend's TRITON-only GEMM
     backends, ``cuda_backend.lowering.FAST_INDUCTOR_CONFIG``), updated with ``extra``; those this torch lacks are
     dropped."""
-    import torch._inductor.config as inductor_config
+    from cuda_backend.lowering import FAST_INDUCTOR_CONFIG, known_inductor_settings
 
-    from cuda_backend.lowering import FAST_INDUCTOR_CONFIG
-
-    settings = {**FAST_INDUCTOR_CONFIG, "max_autotune_gemm_backends": "TRITON", **extra}
-    kept = {}
-    for key, value in settings.items():
-        owner = inductor_config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            owner = getattr(owner, parent, None)
-        if owner is not None and hasattr(owner, leaf):
-            kept[key] = value
-    return kept
+    return known_inductor_settings({**FAST_INDUCTOR_CONFIG, "max_autotune_gemm_backends": "TRITON", **extra})
 
 
 def bench_gemms(shapes: list[str], tokens: int) -> int:

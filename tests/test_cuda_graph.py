@@ -30,6 +30,7 @@ from cuda_backend.lowering import (  # noqa: E402
     CudaLoweringError,
     depthwise_conv1d_as_products,
     kernel_objects_per_name,
+    known_inductor_settings,
     lower_to_cuda,
 )
 from gdn_export.passes import rewrite  # noqa: E402
@@ -130,3 +131,16 @@ def test_kernels_sharing_one_binary_get_object_files_of_their_own(tmp_path, seed
         assert data.read_bytes() == payload, f"seed {seed}"
     # Linked together, the two objects define each symbol once.
     subprocess.run(["ld", "-r", "-o", str(tmp_path / "both.o"), *objects], check=True)
+
+
+@directly
+def test_inductor_settings_this_torch_lacks_are_dropped():
+    import torch._inductor.config as inductor_config
+
+    settings = {"max_autotune_gemm": True, "triton.enable_persistent_tma_matmul": False,
+                "triton.no_such_setting": 1, "no_such_group.max_autotune": 2}
+    # The two real ones exist in every torch this project supports; the others in none.
+    assert hasattr(inductor_config, "max_autotune_gemm") and hasattr(inductor_config.triton,
+                                                                     "enable_persistent_tma_matmul")
+    assert known_inductor_settings(settings) == {"max_autotune_gemm": True,
+                                                 "triton.enable_persistent_tma_matmul": False}
