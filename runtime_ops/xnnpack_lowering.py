@@ -1,0 +1,96 @@
+"""ExecuTorch's XNNPACK lowering without the steps that cannot change our programs.
+
+Most of a quantized export's time is ExecuTorch re-tracing the program with fake tensors over the
+symbolic token count T (docs/benchmarks.md, "Where the export time goes"). Two of those re-tracings
+do nothing for our programs, and this module skips them. The program is byte for byte the one that
+the whole lowering writes (tests/test_xnnpack_lowering.py checks it for every quantization the
+backend offers):
+
+* ``OneDecompositionXnnpackPartitioner``. For a partitioner whose ops kept whole (linears and
+  torchao's quantization ops, for XNNPACK) come with a check on each node, ``to_edge_transform_and_lower``
+  decomposes the program twice, marking the checked nodes in between. When every such node passes
+  the check, marking changes nothing, so the partitioner drops its check and the program is
+  decomposed once.
+* ``only_applicable_passes``. XNNPACK's ``preprocess`` runs its whole pass list (17 passes in
+  ExecuTorch 1.5.1) over each of our 100 or more partitions, and most passes re-trace the
+  partition, though they rewrite ops that our programs never give XNNPACK (batch norm,
+  upsampling, PReLU, max pooling...). ``REWRITTEN_OPS`` names such a pass beside the edge ops it
+  rewrites, read off its source; a partition holding none of them skips it. A pass not named
+  there always runs, so one that a newer ExecuTorch adds is never skipped silently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+_BATCH_NORMS = ("aten.native_batch_norm.default", "aten._native_batch_norm_legit_no_training.default")
+
+# pass (its class name) -> the edge ops it rewrites; it has nothing to do in a partition without them.
+REWRITTEN_OPS: dict[str, tuple[str, ...]] = {
+    "ConvertToUpsampleBilinear2d": ("aten.upsample_bilinear2d.vec",),
+    # It turns a decomposed linear's matrix products back into a linear; ours reach XNNPACK whole.
+    "ConvertToLinearPass": ("aten.mm.default", "aten.addmm.default", "aten.bmm.default"),
+    # Its patterns are decomposed attention, which always holds a softmax.
+    "ConvertToSDPAPass": ("aten._softmax.default",),
+    "FuseBatchNormPass": _BATCH_NORMS,
+    "DecomposeBatchNorm": _BATCH_NORMS,
+    # It folds a relu or hardtanh into the op before it.
+    "FuseActivationPass": ("aten.relu.default", "aten.hardtanh.default"),
+    "DecomposeConcatenate": ("aten.cat.default",),
+    "RemoveGetItemPass": ("aten.max_pool2d_with_indices.default", "aten.max.dim"),
+    "Conv1dUnsqueezePass": ("aten.convolution.default",),
+    "PReLUReshapePass": ("aten._prelu_kernel.default",),
+    "RemoveRedundantCopyPass": ("aten._to_copy.default",),
+}
+
+
+class OneDecompositionXnnpackPartitioner(XnnpackPartitioner):
+    """XNNPACK's partitioner; when XNNPACK takes every node of the ops it keeps whole, it says so by
+    giving no per-node check, and ``to_edge_transform_and_lower`` decomposes the program once instead of twice."""
+
+    def ops_to_not_decompose(self, exported_program):
+        ops, takes = super().ops_to_not_decompose(exported_program)
+        kept = [node for node in exported_program.graph.nodes if node.op == "call_function" and node.target in ops]
+        if takes is not None and all(takes(node) for node in kept):
+            return ops, None
+        return ops, takes
+
+
+def op_names(exported_program) -> set[str]:
+    """The names (``aten.cat.default``) of the ops a partition calls."""
+    return {
+        getattr(node.target, "__name__", str(node.target))
+        for node in exported_program.graph.nodes
+        if node.op == "call_function"
+    }
+
+
+def applicable_passes(passes: list, names: set[str]) -> list:
+    """``passes`` without those whose rewritten ops (``REWRITTEN_OPS``) are all absent from ``names``."""
+    return [
+        each for each in passes
+        if each.__name__ not in REWRITTEN_OPS or names.intersection(REWRITTEN_OPS[each.__name__])
+    ]
+
+
+@contextlib.contextmanager
+def only_applicable_passes() -> Iterator[None]:
+    """While open, XNNPACK's ``preprocess`` runs ``applicable_passes`` of its default list on each partition."""
+    import executorch.backends.xnnpack.xnnpack_preprocess as preprocess
+
+    whole_list_manager = preprocess.XNNPACKPassManager
+
+    class ApplicablePassManager(whole_list_manager):
+        def __init__(self, exported_program, passes=None):
+            super().__init__(exported_program, passes)
+            if not passes:  # an explicit list (a compile spec's) is the caller's choice: keep it
+                self.passes = applicable_passes(self.passes, op_names(exported_program))
+
+    preprocess.XNNPACKPassManager = ApplicablePassManager
+    try:
+        yield
+    finally:
+        preprocess.XNNPACKPassManager = whole_list_manager

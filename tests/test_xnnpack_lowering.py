@@ -1,0 +1,144 @@
+"""ExecuTorch's XNNPACK lowering without the steps that change nothing (``runtime_ops.xnnpack_lowering``):
+the programs are byte for byte those of ExecuTorch's whole lowering, and a skipped step is one that
+had nothing to do."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch import nn
+
+from runtime_ops.xnnpack_lowering import (
+    REWRITTEN_OPS,
+    OneDecompositionXnnpackPartitioner,
+    applicable_passes,
+    only_applicable_passes,
+)
+
+
+def whole_pass_list() -> list:
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+
+    return XNNPACKPassManager(None).passes
+
+
+def test_only_passes_named_with_absent_ops_are_skipped():
+    passes = [type(name, (), {}) for name in ("Unnamed", "DecomposeConcatenate", "FuseActivationPass", "PReLUReshapePass")]
+    kept = applicable_passes(passes, {"aten.cat.default", "aten.linear.default"})
+    assert [each.__name__ for each in kept] == ["Unnamed", "DecomposeConcatenate"]
+    assert [each.__name__ for each in applicable_passes(passes, set())] == ["Unnamed"]
+
+
+def test_every_named_pass_is_in_xnnpacks_list():
+    names = [each.__name__ for each in whole_pass_list()]
+    assert set(REWRITTEN_OPS) <= set(names), sorted(set(REWRITTEN_OPS) - set(names))
+
+
+class Recorder:
+    """While open, records the passes each XNNPACK partition ran and whether a partitioner gave up its check."""
+
+    def __enter__(self):
+        import executorch.backends.xnnpack.xnnpack_preprocess as preprocess
+
+        self.module, self.passes_run, self.checks_dropped = preprocess, [], []
+        self.manager = preprocess.XNNPACKPassManager
+        self.ops_to_not_decompose = OneDecompositionXnnpackPartitioner.ops_to_not_decompose
+        recorder = self
+
+        class RecordingManager(self.manager):
+            def transform(self):
+                recorder.passes_run.append([each.__name__ for each in self.passes])
+                return super().transform()
+
+        def recording(partitioner, exported_program):
+            ops, takes = recorder.ops_to_not_decompose(partitioner, exported_program)
+            recorder.checks_dropped.append(takes is None)
+            return ops, takes
+
+        preprocess.XNNPACKPassManager = RecordingManager
+        OneDecompositionXnnpackPartitioner.ops_to_not_decompose = recording
+        return self
+
+    def __exit__(self, *exc):
+        self.module.XNNPACKPassManager = self.manager
+        OneDecompositionXnnpackPartitioner.ops_to_not_decompose = self.ops_to_not_decompose
+
+
+# 8da8w lowers as 8da4w does (8da4w holds 8-bit layers too); int8wo keeps XNNPACK's check.
+@pytest.mark.parametrize("quantize", ["none", "8da4w", "int8wo"])
+def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpoint, tmp_path, module_seed,
+                                                         monkeypatch):
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    import runtime_ops.xnnpack_lowering as lowering
+    from gdn_export import export_qwen35
+
+    ours = tmp_path / "ours.pte"
+    with Recorder() as recorder:
+        export_qwen35(dense_checkpoint, ours, backend="xnnpack", quantize=quantize)
+    # Both shortcuts were taken where they apply: forward decomposed once, passes skipped in every partition.
+    # XNNPACK leaves int8wo's linears (a weight widened at each call) outside, so its check stays for forward.
+    assert recorder.checks_dropped[0] == (quantize != "int8wo"), recorder.checks_dropped
+    whole = len(whole_pass_list())
+    assert recorder.passes_run and all(len(passes) < whole for passes in recorder.passes_run), recorder.passes_run
+
+    monkeypatch.setattr(lowering, "only_applicable_passes", contextlib.nullcontext)
+    monkeypatch.setattr(lowering, "OneDecompositionXnnpackPartitioner", XnnpackPartitioner)
+    theirs = tmp_path / "theirs.pte"
+    with Recorder() as recorder:
+        export_qwen35(dense_checkpoint, theirs, backend="xnnpack", quantize=quantize)
+    assert recorder.passes_run and all(len(passes) == whole for passes in recorder.passes_run)
+    assert ours.read_bytes() == theirs.read_bytes(), (
+        f"seed={module_seed} quantize={quantize}: the program differs from the whole lowering's "
+        f"({ours.stat().st_size} against {theirs.stat().st_size} bytes)")
+
+
+class Rewritten(nn.Module):
+    """What two skippable passes rewrite (a relu after a linear, a six-way concatenation), and a float64
+    linear, which XNNPACK does not take."""
+
+    def __init__(self, float64: bool):
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+        self.wide = nn.Linear(16, 4).double() if float64 else None
+
+    def forward(self, x):
+        y = torch.relu(self.linear(x))
+        out = torch.cat([y, x, y * 2, x + 1, y - x, x * 3], dim=-1)
+        return (out, self.wide(x.double())) if self.wide is not None else out
+
+
+def lowered(module: nn.Module, inputs: tuple, partitioner) -> tuple[list, list]:
+    """The delegates' bytes and the ops outside them, ``module`` lowered by ``partitioner``."""
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    edge = to_edge_transform_and_lower(torch.export.export(module, inputs), partitioner=[partitioner],
+                                       compile_config=EdgeCompileConfig(_check_ir_validity=False))
+    graph_module = edge.exported_program().graph_module
+    payloads = [each.processed_bytes for each in graph_module.modules() if isinstance(each, LoweredBackendModule)]
+    outside = [str(node.target) for node in graph_module.graph.nodes if node.op == "call_function"]
+    return payloads, outside
+
+
+@pytest.mark.parametrize("float64", [False, True], ids=["float32", "with-float64-linear"])
+def test_small_module_lowers_as_in_the_whole_lowering(float64, generator, seed):
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    module = Rewritten(float64).eval()
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=torch.float64))
+    inputs = (torch.randn(3, 16, generator=generator),)
+    with Recorder() as recorder, only_applicable_passes():
+        ours = lowered(module, inputs, OneDecompositionXnnpackPartitioner())
+    theirs = lowered(module, inputs, XnnpackPartitioner())
+    assert ours == theirs, f"seed={seed}"
+    # XNNPACK's check is dropped only when it takes every linear (asked first before decomposing).
+    assert recorder.checks_dropped[0] == (not float64), recorder.checks_dropped
+    # The relu and the concatenation went into the delegate: their passes ran where they were.
+    ran = set().union(*map(set, recorder.passes_run))
+    assert {"FuseActivationPass", "DecomposeConcatenate"} <= ran and "PReLUReshapePass" not in ran, ran
+    assert not any("cat" in target or "relu" in target for target in ours[1]), ours[1]
