@@ -117,6 +117,22 @@ def lower_programs(
     return edge.to_executorch(ExecutorchBackendConfig(**config))
 
 
+def copy_sharing_weights(edge_program):
+    """A deep copy of ``edge_program`` (an ExportedProgram) whose state dict and constants hold the same tensors:
+    what a backend's ``copy_exported_program_for_preprocess`` can give when its preprocessing writes into no weight."""
+    import copy
+
+    import torch
+
+    shared = {
+        id(tensor): tensor
+        for values in (edge_program.state_dict, edge_program.constants)
+        for tensor in values.values()
+        if isinstance(tensor, torch.Tensor)
+    }
+    return copy.deepcopy(edge_program, shared)
+
+
 def write_atomically(path: Path, write: Callable[[object], None]) -> None:
     """Write through a temporary file in the same folder, renamed into place when complete."""
     descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -79,10 +79,11 @@ class XnnpackBackend(CpuBackend):
         pool_norm_means(model)
 
     def lower(self, programs: dict, metadata: dict):
-        from runtime_ops.xnnpack_lowering import only_applicable_passes
+        from runtime_ops.xnnpack_lowering import only_applicable_passes, preprocess_sharing_weights
 
-        # XNNPACK's passes for ops that our partitions never hold took a fifth of a quantized export.
-        with only_applicable_passes():
+        # XNNPACK's passes for ops that our partitions never hold took a fifth of a quantized export,
+        # and a copy of every weight for them to work on a fifth of its peak memory.
+        with only_applicable_passes(), preprocess_sharing_weights():
             return super().lower(programs, metadata)
 
     def partitioners(self, method: str) -> list:

@@ -113,6 +113,13 @@ class GdnEmbeddingPartitioner(Partitioner):
 class GdnEmbeddingBackend(BackendDetails):
     """Preprocess of one tagged lookup: the table and scales into the named data, their keys into the payload."""
 
+    @classmethod
+    def copy_exported_program_for_preprocess(cls, edge_program, compile_specs):
+        from gdn_export.lowering import copy_sharing_weights
+
+        # Preprocess only reads the table: ExecuTorch's default deep copy would be a second table.
+        return copy_sharing_weights(edge_program)
+
     @staticmethod
     def preprocess(edge_program, compile_specs) -> PreprocessResult:
         from executorch.exir._serialize._named_data_store import NamedDataStore

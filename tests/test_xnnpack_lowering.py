@@ -15,6 +15,7 @@ from runtime_ops.xnnpack_lowering import (
     OneDecompositionXnnpackPartitioner,
     applicable_passes,
     only_applicable_passes,
+    preprocess_sharing_weights,
 )
 
 
@@ -36,8 +37,20 @@ def test_every_named_pass_is_in_xnnpacks_list():
     assert set(REWRITTEN_OPS) <= set(names), sorted(set(REWRITTEN_OPS) - set(names))
 
 
+def weights_of(edge_program) -> list:
+    return [tensor for values in (edge_program.state_dict, edge_program.constants)
+            for tensor in values.values() if isinstance(tensor, torch.Tensor)]
+
+
+def checksums(tensors: list) -> list:
+    return [(tensor.dtype, tuple(tensor.shape), tensor.double().sum().item(), (tensor.double() ** 2).sum().item())
+            for tensor in tensors]
+
+
 class Recorder:
-    """While open, records the passes each XNNPACK partition ran and whether a partitioner gave up its check."""
+    """While open, records the passes each XNNPACK partition ran and whether a partitioner gave up its check,
+    and asserts that preprocessing a partition leaves its weights as they were (they are shared with the
+    program being lowered: ``preprocess_sharing_weights``)."""
 
     def __enter__(self):
         import executorch.backends.xnnpack.xnnpack_preprocess as preprocess
@@ -45,7 +58,16 @@ class Recorder:
         self.module, self.passes_run, self.checks_dropped = preprocess, [], []
         self.manager = preprocess.XNNPACKPassManager
         self.ops_to_not_decompose = OneDecompositionXnnpackPartitioner.ops_to_not_decompose
+        self.preprocess = preprocess.XnnpackBackend.__dict__["preprocess"]
         recorder = self
+
+        def checking(edge_program, compile_specs):
+            # The tensors themselves: a pass may put a new tensor in the partition's state dict, not change one.
+            weights = weights_of(edge_program)
+            before = checksums(weights)
+            result = recorder.preprocess.__func__(edge_program, compile_specs)
+            assert checksums(weights) == before, "XNNPACK's preprocess wrote into a partition's weights"
+            return result
 
         class RecordingManager(self.manager):
             def transform(self):
@@ -58,11 +80,13 @@ class Recorder:
             return ops, takes
 
         preprocess.XNNPACKPassManager = RecordingManager
+        preprocess.XnnpackBackend.preprocess = staticmethod(checking)
         OneDecompositionXnnpackPartitioner.ops_to_not_decompose = recording
         return self
 
     def __exit__(self, *exc):
         self.module.XNNPACKPassManager = self.manager
+        self.module.XnnpackBackend.preprocess = self.preprocess
         OneDecompositionXnnpackPartitioner.ops_to_not_decompose = self.ops_to_not_decompose
 
 
@@ -85,6 +109,7 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
     assert recorder.passes_run and all(len(passes) < whole for passes in recorder.passes_run), recorder.passes_run
 
     monkeypatch.setattr(lowering, "only_applicable_passes", contextlib.nullcontext)
+    monkeypatch.setattr(lowering, "preprocess_sharing_weights", contextlib.nullcontext)
     monkeypatch.setattr(lowering, "OneDecompositionXnnpackPartitioner", XnnpackPartitioner)
     theirs = tmp_path / "theirs.pte"
     with Recorder() as recorder:
@@ -132,7 +157,7 @@ def test_small_module_lowers_as_in_the_whole_lowering(float64, generator, seed):
         for parameter in module.parameters():
             parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=torch.float64))
     inputs = (torch.randn(3, 16, generator=generator),)
-    with Recorder() as recorder, only_applicable_passes():
+    with Recorder() as recorder, only_applicable_passes(), preprocess_sharing_weights():
         ours = lowered(module, inputs, OneDecompositionXnnpackPartitioner())
     theirs = lowered(module, inputs, XnnpackPartitioner())
     assert ours == theirs, f"seed={seed}"
@@ -142,3 +167,28 @@ def test_small_module_lowers_as_in_the_whole_lowering(float64, generator, seed):
     ran = set().union(*map(set, recorder.passes_run))
     assert {"FuseActivationPass", "DecomposeConcatenate"} <= ran and "PReLUReshapePass" not in ran, ran
     assert not any("cat" in target or "relu" in target for target in ours[1]), ours[1]
+
+
+def test_a_copy_sharing_weights_has_its_own_graph_and_the_same_tensors(generator):
+    from gdn_export.lowering import copy_sharing_weights
+
+    module = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).eval()
+    program = torch.export.export(module, (torch.randn(2, 8, generator=generator),))
+    copied = copy_sharing_weights(program)
+    assert copied.graph_module is not program.graph_module
+    assert copied.state_dict is not program.state_dict
+    assert all(copied.state_dict[name] is tensor for name, tensor in program.state_dict.items())
+    next(iter(copied.graph.nodes)).name = "renamed"  # a change to the copy's graph stays in the copy
+    assert next(iter(program.graph.nodes)).name != "renamed"
+
+
+def test_xnnpack_copies_partitions_sharing_weights_only_while_open():
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    from executorch.exir.backend.backend_details import BackendDetails
+
+    assert XnnpackBackend.copy_exported_program_for_preprocess.__func__ is \
+        BackendDetails.copy_exported_program_for_preprocess.__func__
+    with preprocess_sharing_weights():
+        assert XnnpackBackend.copy_exported_program_for_preprocess.__func__ is not \
+            BackendDetails.copy_exported_program_for_preprocess.__func__
+    assert "copy_exported_program_for_preprocess" not in XnnpackBackend.__dict__
