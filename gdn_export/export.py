@@ -35,7 +35,7 @@ from gdn_export.backends import Backend, backend_names, default_backend, get_bac
 from gdn_export.checkpoint import Checkpoint, read_checkpoint
 from gdn_export.lowering import reporting_stages, write_program
 from gdn_export.quantize import MODES as QUANTIZATIONS
-from gdn_export.quantize import quantize_module
+from gdn_export.quantize import quantize_module, share_tied_vocabulary
 from gdn_export.state_methods import STATE_METHODS, state_metadata
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -237,6 +237,7 @@ def export_qwen35(
     step(f"loading {request.checkpoint.folder}{quantizing}")
     quantizer = None if request.quantize == "none" else lambda name, module: quantize_module(module, request.quantize, name)
     model = loading.load_model(request.checkpoint, dtype=request.dtype, max_seq_len=request.max_seq_len, transform=quantizer)
+    share_tied_vocabulary(model)  # a tied 8-bit table and head: held once from here on
     model.all_logits = False  # the runners sample from the last position only
     rewrite(model, backend=request.backend.name)
     step(f"exporting (tokens up to {request.prefill_chunk} a call)")

@@ -58,6 +58,8 @@ EIGHT_BIT_MODULES = VOCABULARY_MODULES + ("in_proj_a", "in_proj_b")
 INT4_SCALE_DIVISORS = tuple(6.0 + 0.25 * step for step in range(13))  # 6.0 to 9.0
 # fit_int4_scales works on blocks of rows of about this many weights.
 FIT_BLOCK_ELEMENTS = 1 << 19
+# int8_rows works on blocks of rows of about this many weights (64 MiB in fp32).
+INT8_ROWS_BLOCK_ELEMENTS = 1 << 24
 
 
 class Int8WeightOnlyLinear(nn.Module):
@@ -151,13 +153,7 @@ def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:
         return module
     if mode == "int8wo" and isinstance(module, nn.Linear):
         return Int8WeightOnlyLinear(module)
-    from torchao.quantization import (
-        Int8DynamicActivationIntxWeightConfig,
-        IntxUnpackedToInt8Tensor,
-        IntxWeightOnlyConfig,
-        quantize_,
-    )
-    from torchao.quantization.granularity import PerAxis
+    from torchao.quantization import IntxUnpackedToInt8Tensor
 
     if mode == "8da4w" and isinstance(module, nn.Linear):
         granularity = _granularity(module.in_features)
@@ -172,14 +168,50 @@ def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:
                 custom_scale=scale, custom_zero_point=torch.zeros_like(scale, dtype=torch.int8),
             ), requires_grad=False)
         return module
-    if isinstance(module, nn.Embedding):
-        config = IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
-    else:
-        # The tied head's bytes must equal the table's (stored once): both take the plain max-abs scale.
-        config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
+    # The tied head's bytes must equal the table's (stored once): both take the plain max-abs scale.
+    activations = None if isinstance(module, nn.Embedding) else "int8_asym_per_token"
     with torch.no_grad():
-        quantize_(module, config, filter_fn=lambda candidate, _name: candidate is module)
+        module.weight = nn.Parameter(int8_rows(module.weight.detach(), activations), requires_grad=False)
     return module
+
+
+def int8_rows(weight: torch.Tensor, activation_quantization=None):
+    """``weight`` in symmetric int8 with one max-abs scale a row, as torchao's ``IntxWeightOnlyConfig``
+    (``activation_quantization`` None: an embedding) or ``Int8DynamicActivationIntxWeightConfig``
+    (``"int8_asym_per_token"``: a linear) with ``PerAxis(0)`` quantize it, a block of rows at a time:
+    torchao's float temporaries for a whole 0.8B token table (1 GiB in fp32) were 2 GiB more, the
+    export's peak. Each row's scale depends on its row only, so the blocks give torchao's values."""
+    from torchao.quantization import IntxUnpackedToInt8Tensor
+
+    rows, columns = weight.shape
+    block = max(1, INT8_ROWS_BLOCK_ELEMENTS // columns)
+    parts = [IntxUnpackedToInt8Tensor.from_hp(weight[start:start + block], (1, columns), torch.int8,
+                                              activation_quantization=activation_quantization)
+             for start in range(0, rows, block)]
+    return IntxUnpackedToInt8Tensor(
+        torch.cat([part.qdata for part in parts]), torch.cat([part.scale for part in parts]),
+        torch.cat([part.zero_point for part in parts]), torch.int8, (1, columns), weight.dtype,
+        activation_quantization,
+    )
+
+
+def share_tied_vocabulary(model: nn.Module) -> bool:
+    """When a tied model's quantized table and head hold the same int8 rows and scales (``int8_rows`` gives
+    both), rebuild the head's weight on the table's tensors, so the 8-bit vocabulary is held once (254 MB
+    on the 0.8B shape) through the rest of the export. Returns whether it did."""
+    from torchao.quantization import IntxUnpackedToInt8Tensor
+
+    table, head = model.embed_tokens.weight, model.lm_head.weight
+    if not (model.config.tie_word_embeddings and type(table) is IntxUnpackedToInt8Tensor
+            and type(head) is IntxUnpackedToInt8Tensor):
+        return False
+    parts = ("qdata", "scale", "zero_point")
+    if table.block_size != head.block_size or not all(torch.equal(getattr(table, p), getattr(head, p)) for p in parts):
+        return False
+    model.lm_head.weight = nn.Parameter(IntxUnpackedToInt8Tensor(
+        table.qdata, table.scale, table.zero_point, head.target_dtype, head.block_size, head.dtype,
+        head.activation_quantization), requires_grad=False)
+    return True
 
 
 def quantize_model(model: nn.Module, mode: str) -> nn.Module:

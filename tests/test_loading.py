@@ -352,3 +352,63 @@ def test_int4_scales_of_a_matrix_are_those_of_each_row_alone(seed, monkeypatch):
     scales = quantize.fit_int4_scales(weight, 32)
     alone = torch.cat([quantize.fit_int4_scales(weight[row:row + 1], 32) for row in range(37)])
     assert torch.equal(scales, alone), f"seed {seed}: rows {sorted(set((scales != alone).nonzero()[:, 0].tolist()))}"
+
+
+@pytest.mark.parametrize("kind", ["embedding", "linear"])
+def test_int8_rows_in_blocks_are_torchaos_quantization(kind, seed, monkeypatch):
+    """int8_rows quantizes blocks of rows; against torchao's own config applied to the whole weight."""
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_
+    from torchao.quantization.granularity import PerAxis
+
+    import gdn_export.quantize as quantize
+
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(45, 24, generator=generator) * 0.05
+    weight[::4, 3] *= 10  # rows of very different ranges
+    if kind == "embedding":
+        module, activations = torch.nn.Embedding(45, 24), None
+        config = IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=PerAxis(0))
+    else:
+        module, activations = torch.nn.Linear(24, 45, bias=False), "int8_asym_per_token"
+        config = Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int8, weight_granularity=PerAxis(0))
+    with torch.no_grad():
+        module.weight.copy_(weight)
+        quantize_(module, config, filter_fn=lambda candidate, _name: candidate is module)
+    expected = module.weight
+    monkeypatch.setattr(quantize, "INT8_ROWS_BLOCK_ELEMENTS", 7 * 24)  # blocks of 7 rows, the last of 3
+    actual = quantize.int8_rows(weight, activations)
+    assert type(actual) is type(expected), type(actual)
+    for name in ("qdata", "scale", "zero_point"):
+        assert torch.equal(getattr(actual, name), getattr(expected, name)), f"seed {seed}: {kind} {name} differs"
+    for name in ("target_dtype", "block_size", "dtype", "activation_quantization"):
+        assert getattr(actual, name) == getattr(expected, name), f"{kind} {name}"
+
+
+def test_tied_vocabulary_is_held_once_and_exports_the_same_program(tmp_path, seed, monkeypatch):
+    """A tied 8da4w model's head rebuilt on the table's int8 tensors: the same logits, the same .pte bytes."""
+    import gdn_export.export as export
+    from gdn_export import export_qwen35
+    from gdn_export.checkpoint import read_checkpoint
+    from gdn_export.loading import load_model
+    from gdn_export.quantize import quantize_module, share_tied_vocabulary
+
+    folder = make_tiny_checkpoint(tmp_path / "tied", seed=seed, tie_word_embeddings=True)
+    model = load_model(read_checkpoint(folder), dtype=torch.float32, max_seq_len=64,
+                       transform=lambda name, module: quantize_module(module, "8da4w", name))
+    table, head = model.embed_tokens.weight, model.lm_head.weight
+    assert head.qdata.data_ptr() != table.qdata.data_ptr()
+    tokens = random_tokens(9, seed)
+    model.all_logits = True
+    before = model(tokens, torch.tensor([0]))
+    model.reset()
+    assert share_tied_vocabulary(model)
+    shared = model.lm_head.weight
+    for part in ("qdata", "scale", "zero_point"):
+        assert getattr(shared, part).data_ptr() == getattr(table, part).data_ptr(), part
+    assert shared.activation_quantization == head.activation_quantization
+    assert torch.equal(model(tokens, torch.tensor([0])), before), f"seed {seed}"
+
+    export_qwen35(folder, tmp_path / "shared.pte", quantize="8da4w")
+    monkeypatch.setattr(export, "share_tied_vocabulary", lambda model: False)
+    export_qwen35(folder, tmp_path / "apart.pte", quantize="8da4w")
+    assert (tmp_path / "shared.pte").read_bytes() == (tmp_path / "apart.pte").read_bytes(), f"seed {seed}"
