@@ -18,8 +18,9 @@ Every mode also quantizes the token embedding, weight-only, in 8 bits, one
 scale a row (torchao's ``IntxWeightOnlyConfig``): on XNNPACK the lookup goes to
 our ``GdnEmbeddingBackend`` delegate (``runtime_ops.embedding_delegate``;
 ExecuTorch's ``embedding_byte`` elsewhere). A tied output head is a linear like
-the others, quantized on its own to the same bytes as the table, and the
-program stores them once (XNNPACK's copy in the named data serves both).
+the others, quantized to the same bytes as the table; the export holds it on
+the table's tensors (``share_tied_vocabulary``) and the program stores them
+once (XNNPACK's copy in the named data serves both).
 
 Why the table keeps 8 bits in ``8da4w``: its rounding enters every position's
 residual stream undamped. On the random-weight 0.8B shape (mean KL of the
