@@ -72,7 +72,7 @@ LOWERING_PACKAGES = ("backends/cuda", "backends/aoti")
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
-OWN_SOURCES = (PACKAGE_DIR / "runtime" / "backend_options.cpp",)
+OWN_SOURCES = (PACKAGE_DIR / "runtime" / "backend_options.cpp", PACKAGE_DIR / "runtime" / "cublas_mm.cpp")
 DEFAULT_SOURCE_DIR = REPO_ROOT / "build" / "executorch-src"
 DEFAULT_BUILD_DIR = REPO_ROOT / "build" / "cuda_runtime"
 LIBRARY_NAME = "libgdn_executorch_cuda.so"
@@ -176,9 +176,9 @@ def _wheel_dirs() -> tuple[Path, list[Path], Path]:
     return root, [include, c10], lib
 
 
-def find_cuda() -> tuple[Path, Path]:
-    """(CUDA include dir, libcudart file): $CUDA_HOME, nvcc's toolkit, /usr/local/cuda, or the
-    nvidia-cuda-runtime package torch installs."""
+def _cuda_dirs() -> list[Path]:
+    """Where CUDA's headers and libraries may be: $CUDA_HOME, nvcc's toolkit, /usr/local/cuda, and the
+    nvidia-* packages torch installs."""
     candidates = [os.environ.get(name) for name in ("CUDA_HOME", "CUDA_PATH")]
     nvcc = shutil.which("nvcc")
     if nvcc:
@@ -187,27 +187,42 @@ def find_cuda() -> tuple[Path, Path]:
     try:
         import nvidia
 
-        candidates += [str(Path(path) / sub) for path in nvidia.__path__ for sub in ("cu13", "cuda_runtime")]
+        candidates += [str(Path(path) / sub) for path in nvidia.__path__ for sub in ("cu13", "cuda_runtime", "cublas")]
     except ImportError:
         pass
-    for candidate in filter(None, candidates):
-        base = Path(candidate)
-        if not (base / "include" / "cuda_runtime.h").is_file():
+    return [Path(candidate) for candidate in dict.fromkeys(filter(None, candidates))]
+
+
+def _find_library(header: str, names: tuple[str, ...], what: str) -> tuple[Path, Path]:
+    """(include dir, library file) of the first CUDA folder holding both ``header`` and one of ``names``."""
+    candidates = _cuda_dirs()
+    for base in candidates:
+        if not (base / "include" / header).is_file():
             continue
         for lib_dir in (base / "lib64", base / "lib", base / "targets" / "x86_64-linux" / "lib"):
-            for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+            for name in names:
                 if (lib_dir / name).is_file():
                     return base / "include", lib_dir / name
     raise CudaRuntimeUnavailable(
-        f"no CUDA toolkit found (include/cuda_runtime.h and libcudart; tried {[c for c in candidates if c]}): "
-        "set CUDA_HOME"
+        f"no {what} found (include/{header} and {names[0]}; tried {[str(c) for c in candidates]}): set CUDA_HOME"
     )
+
+
+def find_cuda() -> tuple[Path, Path]:
+    """(CUDA include dir, libcudart file)."""
+    return _find_library("cuda_runtime.h", ("libcudart.so", "libcudart.so.13", "libcudart.so.12"), "CUDA toolkit")
+
+
+def find_cublas() -> tuple[Path, Path]:
+    """(cuBLAS include dir, libcublas file), for ``runtime/cublas_mm.cpp``."""
+    return _find_library("cublas_v2.h", ("libcublas.so", "libcublas.so.13", "libcublas.so.12"), "cuBLAS")
 
 
 def compile_commands(source_root: Path, objects: Path, cxx: str = "g++") -> list[tuple[list[str], Path]]:
     """The compiler command of every runtime source (and ours), with its object file."""
     _, wheel_includes, _ = _wheel_dirs()
     cuda_include, _ = find_cuda()
+    cublas_include, _ = find_cublas()
     flags = [
         "-std=c++17", "-O2", "-fPIC", "-DCUDA_AVAILABLE=1",
         # What the wheel's CMake package asks of its consumers (EXECUTORCH_COMPILE_DEFINITIONS):
@@ -216,7 +231,7 @@ def compile_commands(source_root: Path, objects: Path, cxx: str = "g++") -> list
         "-DC10_USING_CUSTOM_GENERATED_MACROS", "-DET_EVENT_TRACER_ENABLED",
         f"-I{source_root.parent}",  # <executorch/backends/...> from the source folder first
         *(f"-I{path}" for path in wheel_includes),
-        f"-I{cuda_include}",
+        *(f"-I{path}" for path in dict.fromkeys((cuda_include, cublas_include))),
     ]
     sources = [source_root / path for path in RUNTIME_SOURCES] + list(OWN_SOURCES)
     commands = []
@@ -277,10 +292,11 @@ def build(source_dir: Path, out: Path = DEFAULT_BUILD_DIR, *, cxx: Optional[str]
             )
         _, _, wheel_lib = _wheel_dirs()
         _, cudart = find_cuda()
+        _, cublas = find_cublas()
         staging = out / f".{LIBRARY_NAME}.{os.getpid()}.tmp"
         link = [cxx, "-shared", "-o", str(staging), *(str(target) for _, target in commands),
-                f"-L{wheel_lib}", "-lexecutorch", str(cudart), "-ldl", "-Wl,--no-undefined",
-                f"-Wl,-rpath,{wheel_lib}:{cudart.parent}"]
+                f"-L{wheel_lib}", "-lexecutorch", str(cudart), str(cublas), "-ldl",
+                "-Wl,--no-undefined", f"-Wl,-rpath,{':'.join(dict.fromkeys(map(str, (wheel_lib, cudart.parent, cublas.parent))))}"]
         result = subprocess.run(link, capture_output=True, text=True)
         if result.returncode != 0:
             raise CudaRuntimeUnavailable(f"linking {LIBRARY_NAME} failed:\n{' '.join(link)}\n{result.stderr[-4000:]}")

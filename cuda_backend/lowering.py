@@ -30,6 +30,7 @@ def check_lowering_prerequisites() -> None:
     Also points ``executorch.backends.cuda`` at the CUDA runtime's own revision
     (``executorch_runtime.use_matching_lowering``), before anything imports it.
     """
+    gemm_backends()  # a bad $GDN_CUDA_GEMM_BACKENDS is refused before the checkpoint is read
     if not torch.cuda.is_available():
         raise CudaLoweringError(
             "--backend cuda lowers with AOTInductor, which compiles the Triton kernels for the local GPU: "
@@ -53,8 +54,8 @@ def check_lowering_prerequisites() -> None:
 # model's two methods had not compiled after 8 minutes; 25 GEMM autotunings (every distinct linear shape of decode and of
 # prefill, 17 or 18 Triton templates each) took 260 s of it. max_autotune off leaves pointwise and
 # reduction kernels at one heuristic configuration each; max_autotune_gemm keeps the GEMM template
-# autotuning, which the program needs (CudaBackend lets AOTInductor choose among Triton templates
-# only, and the runtime has no cuBLAS fallback). Coordinate descent recompiles every kernel to try
+# autotuning, which the program needs (it picks each product's GEMM among cuBLAS and the Triton
+# templates: gemm_backends below). Coordinate descent recompiles every kernel to try
 # neighbouring launch configurations, and the wrapper only launches kernels, so -O0 compiles it
 # several times faster than -O1. autotune_at_compile_time stays unset, which AOTInductor takes as
 # on: set to off, it compiles in two codegen passes, and the second pass of the two-method program
@@ -65,6 +66,59 @@ FAST_INDUCTOR_CONFIG = {
     "coordinate_descent_tuning": False,
     "aot_inductor.compile_wrapper_opt_level": "O0",
 }
+
+
+# The GEMM implementations AOTInductor's autotuning chooses among for each matrix product shape.
+# CudaBackend allows its Triton templates only ("TRITON"), since ExecuTorch's CUDA runtime has no
+# shim for ATen's mm; ours adds one on cuBLAS (runtime/cublas_mm.cpp), so "ATEN" (cuBLAS) competes
+# too. On the H100 cuBLAS took 20.4 ms of the 4B's 2048-token prefill products where the templates
+# took 24.6 (docs/benchmarks.md). GDN_CUDA_GEMM_BACKENDS overrides: "TRITON" lowers as CudaBackend
+# does (programs that run in a runtime without the shim), "ATEN" sends every product to cuBLAS.
+GEMM_BACKENDS_ENV = "GDN_CUDA_GEMM_BACKENDS"
+DEFAULT_GEMM_BACKENDS = "ATEN,TRITON"
+GEMM_BACKEND_CHOICES = ("ATEN", "TRITON")
+# How the AOTInductor wrapper names the call our runtime library serves (kernel.mm's ExternKernelChoice
+# and the C shim it becomes), for CudaBackend's check that every fallback kernel has a shim.
+CUBLAS_SHIM_KERNELS = ("at::mm_out", "aoti_torch_cuda_mm_out")
+
+
+def gemm_backends() -> str:
+    """``$GDN_CUDA_GEMM_BACKENDS`` (default ``ATEN,TRITON``), checked; raises CudaLoweringError."""
+    value = os.environ.get(GEMM_BACKENDS_ENV, "").strip() or DEFAULT_GEMM_BACKENDS
+    names = [name.strip().upper() for name in value.split(",")]
+    if not names or any(name not in GEMM_BACKEND_CHOICES for name in names):
+        raise CudaLoweringError(
+            f"{GEMM_BACKENDS_ENV}={value!r}: expected a comma-separated subset of {', '.join(GEMM_BACKEND_CHOICES)}"
+        )
+    return ",".join(dict.fromkeys(names))
+
+
+@contextlib.contextmanager
+def gemm_choices(backends: str):
+    """CudaBackend compiling with ``backends`` as AOTInductor's GEMM choices for the duration; with
+    ATEN among them, ATen's mm (our runtime's cuBLAS shim) counts as a supported fallback kernel."""
+    from executorch.backends.cuda.cuda_backend import CudaBackend
+
+    saved = {name: CudaBackend.__dict__[name] for name in ("get_aoti_compile_options", "get_supported_fallback_kernels")}
+    compile_options = saved["get_aoti_compile_options"].__func__
+    fallback_kernels = saved["get_supported_fallback_kernels"].__func__
+
+    def with_gemm_backends(cls, compile_specs):
+        return {**compile_options(cls, compile_specs), "max_autotune_gemm_backends": backends}
+
+    def with_cublas_shim(cls):
+        kernels = dict(fallback_kernels(cls))
+        if "ATEN" in backends.split(","):
+            kernels.update(dict.fromkeys(CUBLAS_SHIM_KERNELS))
+        return kernels
+
+    CudaBackend.get_aoti_compile_options = classmethod(with_gemm_backends)
+    CudaBackend.get_supported_fallback_kernels = classmethod(with_cublas_shim)
+    try:
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(CudaBackend, name, method)
 
 
 @contextlib.contextmanager
@@ -158,7 +212,8 @@ def lower_to_cuda(programs: dict, *, metadata: Optional[dict] = None):
     # fast settings save).
     fast = os.environ.get("GDN_CUDA_COMPILE_DEFAULTS", "") in ("", "0")
     specs = [CompileSpec(key, value) for key, value in FAST_COMPILE_SPECS.items()] if fast else []
-    with kernel_objects_per_name(), fast_compile_config() if fast else contextlib.nullcontext():
+    backends = gemm_backends()
+    with kernel_objects_per_name(), gemm_choices(backends), fast_compile_config() if fast else contextlib.nullcontext():
         return lower_programs(
             programs,
             metadata=metadata,

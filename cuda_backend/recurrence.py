@@ -42,27 +42,41 @@ class CudaFusedRecurrence(nn.Module):
 
 
 class DecodeGatedDeltaNet(GatedDeltaNet):
-    """A Gated DeltaNet layer whose one-token calls take ``gdn_cuda::decode_gated_delta_net``.
+    """A Gated DeltaNet layer whose calls go from its input projection to its recurrence's output in one op.
 
-    Its input projections are one merged product (``INPUT_PROJECTIONS``); at one token the op reads that
-    product's output as it lies, so the conv, its state's shift and the gates are one kernel beside the
-    recurrent one, where the model's form compiled to five kernels a layer, and the output projection
-    (a ``DecodeLinear``) applies the gated RMSNorm as it loads its input. More tokens take the model's form.
-    ``CudaTritonBackend.finish_rewrite`` gives layers this class.
+    Its input projections are one merged product (``INPUT_PROJECTIONS``), whose output each op reads as it lies.
+    One token takes ``gdn_cuda::decode_gated_delta_net``: the conv, its state's shift and the gates are one
+    kernel beside the recurrent one, where the model's form compiled to five kernels a layer, and the output
+    projection (a ``DecodeLinear``) applies the gated RMSNorm as it loads its input. A chunk of tokens (batch 1)
+    takes ``gdn_cuda::prefill_gated_delta_net``: one prologue kernel writes the dense q, k, v and gates the
+    chunked kernels read, where the model's form compiled to the conv of a transposed window and a copy of each
+    of q, k, v, a and b. Other batches take the model's form. ``CudaTritonBackend.finish_rewrite`` gives layers
+    this class.
     """
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         from cuda_backend.linear import one_token
 
-        if not one_token(x):
+        projections = getattr(self, "__".join(INPUT_PROJECTIONS))
+        if one_token(x):
+            projected = projections.projection(x)  # [1, 1, C + V + 2 Hv]
+            # At one token the model's positions are its input_pos ([1]), which the kernel reads as it is.
+            core = torch.ops.gdn_cuda.decode_gated_delta_net(projected, self.conv_state, self.conv1d.weight,
+                                                              positions, self.A_log, self.dt_bias,
+                                                              self.recurrent_state)
+            # The output projection applies the gated RMSNorm itself, reading z where the projection wrote it: the
+            # norm is no kernel of its own, and neither z's slice nor core's reshape is a copy.
+            out_proj = self.out_proj
+            return torch.ops.gdn_cuda.decode_linear(core, out_proj.weight, out_proj.bias, self.norm.weight,
+                                                    self.norm.eps, False, out_proj.residual, projected,
+                                                    self.conv_dim, self.value_head_dim)
+        if not guard_or_false(x.shape[0] == 1):
             return super().forward(x, positions)
-        projected = getattr(self, "__".join(INPUT_PROJECTIONS)).projection(x)  # [1, 1, C + V + 2 Hv]
-        # At one token the model's positions are its input_pos ([1]), which the kernel reads as it is.
-        core = torch.ops.gdn_cuda.decode_gated_delta_net(projected, self.conv_state, self.conv1d.weight, positions,
-                                                          self.A_log, self.dt_bias, self.recurrent_state)
-        # The output projection applies the gated RMSNorm itself, reading z where the projection wrote it: the
-        # norm is no kernel of its own, and neither z's slice nor core's reshape is a copy.
-        out_proj = self.out_proj
-        return torch.ops.gdn_cuda.decode_linear(core, out_proj.weight, out_proj.bias, self.norm.weight, self.norm.eps,
-                                                False, out_proj.residual, projected, self.conv_dim,
-                                                self.value_head_dim)
+        length = x.shape[1]
+        projected = projections.projection(x)  # [1, T, C + V + 2 Hv]
+        core = torch.ops.gdn_cuda.prefill_gated_delta_net(projected, self.conv_state, self.conv1d.weight, positions,
+                                                           self.A_log, self.dt_bias, self.recurrent_state)
+        value_dim = self.num_v_heads * self.value_head_dim
+        z = projected[..., self.conv_dim:self.conv_dim + value_dim].reshape(1, length, self.num_v_heads,
+                                                                           self.value_head_dim)
+        return self.out_proj(self.norm(core, z).reshape(1, length, -1))

@@ -10,7 +10,9 @@ Importing this module:
   and ``gdn_cuda::fused_chunked_gated_delta_rule`` (prefill), the last two
   updating ``state`` in place, ``gdn_cuda::decode_gated_delta_net`` (a Gated
   DeltaNet layer's decode from its input projection: conv, gates and
-  recurrence, conv and recurrent state in place), ``gdn_cuda::cached_attention``,
+  recurrence, conv and recurrent state in place) and its prefill counterpart
+  ``gdn_cuda::prefill_gated_delta_net`` (conv and gates, then the chunked
+  kernels), ``gdn_cuda::cached_attention``,
   ``gdn_cuda::decode_attention_inputs`` (a full-attention layer's decode from
   its q/k/v projection to its query: norms, rotary embedding, the caches'
   writes in place) and ``gdn_cuda::decode_linear`` (a linear layer at one
@@ -46,7 +48,7 @@ from cuda_backend.kernels.attention import cached_attention_kernel, merge_spans_
 from cuda_backend.kernels.attention_inputs import decode_attention_inputs_kernel
 from cuda_backend.kernels.linear import decode_linear_kernel
 from cuda_backend.kernels.chunked import chunk_output_kernel, chunk_prepare_kernel, chunk_state_kernel
-from cuda_backend.kernels.convolution import decode_convolution_kernel
+from cuda_backend.kernels.convolution import decode_convolution_kernel, prefill_convolution_kernel
 from cuda_backend.kernels.recurrent import recurrent_gated_delta_rule_kernel
 
 # Chunk length of the WY form: 64 rows fill the matrix units for per-head gates; the
@@ -404,6 +406,86 @@ def decode_gated_delta_net(
                   scale=scale if scale is not None else 1.0 / math.sqrt(state.shape[2]), use_qk_l2norm=True,
                   a_log=A_log, dt_bias=dt_bias, packed=(mixed_qkv, num_key_heads(mixed_qkv, state)),
                   gate_starts=(0, num_v_heads * gates.stride(-1)))
+    return output
+
+
+# A prefill prologue program's tile: tokens x channels (BLOCK_T >= the conv's taps - 1, so only the first
+# token block reads the old conv state).
+PREFILL_CONVOLUTION_TILE = (32, 128)
+
+
+def run_prefill_convolution(projected, conv_state, conv_weight, positions, A_log, dt_bias,
+                            query, key, value, a, b) -> None:
+    """``prefill_convolution_kernel``: from a Gated DeltaNet layer's projection [1, T, C + V + 2 Hv] of a chunk
+    (``[qkv | z | b | a]``, read where it lies), SiLU(conv) of its C channels into query, key [1, T, Hk, Dk]
+    and value [1, T, Hv, Dv], the conv state [1, C, W - 1] moved on by T tokens in place, and a, b [1, T, Hv],
+    a raised on the first token when ``positions[0]`` is 0 (``gdn_export.models.qwen35.forget_previous_sequence``)."""
+    from gdn_export.models.qwen35 import FORGET_LOG_DECAY
+
+    block_t, block_c = PREFILL_CONVOLUTION_TILE
+    length, width = projected.shape[1], projected.shape[2]
+    channels, taps, num_v_heads = conv_state.shape[1], conv_weight.shape[-1], A_log.shape[0]
+    if taps - 1 > block_t:
+        raise ValueError(f"gdn_cuda.prefill_gated_delta_net: a conv of {taps} taps needs a token block of "
+                         f"at least {taps - 1}, the launcher's is {block_t}")
+    key_channels = query.shape[2] * query.shape[3]
+    wrap_triton(prefill_convolution_kernel)[(triton.cdiv(channels, block_c) + 1, triton.cdiv(length, block_t))](
+        projected, conv_state, conv_weight, positions, A_log, dt_bias, query, key, value, a, b,
+        length, channels, key_channels, num_v_heads, width - 2 * num_v_heads, width - num_v_heads,
+        *projected.stride(), conv_state.stride(1), conv_state.stride(2), conv_weight.stride(0), conv_weight.stride(2),
+        TAPS=taps, TAPS_P2=triton.next_power_of_2(taps), BLOCK_T=block_t, BLOCK_C=block_c,
+        HEADS_P2=triton.next_power_of_2(num_v_heads), FORGET_LOG_DECAY=FORGET_LOG_DECAY, num_warps=4,
+    )
+
+
+def check_prefill_gated_delta_net_inputs(projected, conv_state, conv_weight, positions, A_log, dt_bias,
+                                         state) -> None:
+    """ValueError naming the input whose shape does not fit a chunk of one Gated DeltaNet layer."""
+    channels = conv_state.shape[1] if conv_state.dim() == 3 else -1
+    num_v_heads, value_dim = state.shape[1], state.shape[3]
+    width = channels + num_v_heads * value_dim + 2 * num_v_heads
+    problems = []
+    if conv_state.dim() != 3 or conv_state.shape[0] != 1:
+        problems.append(f"conv_state must be [1, C, W - 1], got {list(conv_state.shape)}")
+    elif list(conv_weight.shape) != [channels, 1, conv_state.shape[2] + 1]:
+        problems.append(f"conv_weight must be [{channels}, 1, {conv_state.shape[2] + 1}], got {list(conv_weight.shape)}")
+    if projected.dim() != 3 or projected.shape[0] != 1 or projected.shape[2] != width:
+        problems.append(f"projected must be a chunk's [qkv | z | b | a], [1, T, {width}], got {list(projected.shape)}")
+    elif projected.stride(2) != 1:
+        problems.append(f"projected's channels must be adjacent (stride 1), got strides {list(projected.stride())}")
+    if positions.dim() != 1 or positions.dtype != torch.long:
+        problems.append(f"positions must be int64 [T] (or its first, [1]), got {list(positions.shape)} {positions.dtype}")
+    for name, tensor in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if list(tensor.shape) != [num_v_heads]:
+            problems.append(f"{name} must be [{num_v_heads}], got {list(tensor.shape)}")
+    if problems:
+        raise ValueError("gdn_cuda.prefill_gated_delta_net: " + "; ".join(problems))
+
+
+@triton_op("gdn_cuda::prefill_gated_delta_net", mutates_args={"conv_state", "state"})
+def prefill_gated_delta_net(
+    projected: torch.Tensor, conv_state: torch.Tensor, conv_weight: torch.Tensor, positions: torch.Tensor,
+    A_log: torch.Tensor, dt_bias: torch.Tensor, state: torch.Tensor, scale: Optional[float] = None,
+) -> torch.Tensor:
+    """A Gated DeltaNet layer's prefill from its input projection of a chunk [1, T, C + V + 2 Hv] to the
+    recurrence's output [1, T, Hv, Dv]: the prologue kernel (conv, conv state, gates;
+    ``run_prefill_convolution``) writes dense q, k, v, a and b, then the chunked kernels; conv and recurrent
+    state in place. ``positions`` [T]: the chunk's positions (the first, 0, starts a new sequence)."""
+    check_prefill_gated_delta_net_inputs(projected, conv_state, conv_weight, positions, A_log, dt_bias, state)
+    length, channels = projected.shape[1], conv_state.shape[1]
+    num_v_heads, key_dim, value_dim = state.shape[1], state.shape[2], state.shape[3]
+    num_k_heads = (channels - num_v_heads * value_dim) // (2 * key_dim)
+    like = dict(dtype=projected.dtype, device=projected.device)
+    query = torch.empty(1, length, num_k_heads, key_dim, **like)
+    key = torch.empty(1, length, num_k_heads, key_dim, **like)
+    value = torch.empty(1, length, num_v_heads, value_dim, **like)
+    a = torch.empty(1, length, num_v_heads, **like)
+    b = torch.empty(1, length, num_v_heads, **like)
+    output = torch.empty(1, length, num_v_heads, value_dim, **like)
+    run_prefill_convolution(projected, conv_state, conv_weight, positions, A_log, dt_bias, query, key, value, a, b)
+    run_chunked(query, key, value, a, b, state, state, output,
+                scale=scale if scale is not None else 1.0 / math.sqrt(key_dim), use_qk_l2norm=True,
+                a_log=A_log, dt_bias=dt_bias)
     return output
 
 

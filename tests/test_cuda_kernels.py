@@ -259,6 +259,60 @@ else:
                                     eps, rope.rope_theta, 3, torch.tensor([0], device=DEVICE), k_device, v_device)
         assert torch.equal(k_device.cpu(), k_before) and torch.equal(v_device.cpu(), v_before)
 
+    # Chunks shorter than the conv's window, across token blocks (PREFILL_CONVOLUTION_TILE: 32 tokens), at a new
+    # sequence and continuing one.
+    @pytest.mark.parametrize("length,start", [(2, 0), (2, 7), (37, 0), (70, 9)], ids=lambda value: str(value))
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+    def test_prefill_gated_delta_net_is_the_layers_conv_gates_and_recurrence(length, start, dtype, generator):
+        """gdn_cuda::prefill_gated_delta_net against GatedDeltaNet's own steps in fp64 from the same projection
+        (conv window with the state cleared at position 0, conv1d, SiLU, forget_previous_sequence, the
+        reference recurrence): its output, the conv state and the recurrent state after the chunk. Hv/Hk = 3,
+        and the channels' split between q, k and v falls inside a prologue program's block."""
+        import torch.nn.functional as F
+
+        from cuda_backend.triton_ops import prefill_gated_delta_net
+        from gdn_export.models.qwen35 import forget_previous_sequence
+
+        heads_k, heads_v, key_dim, value_dim, taps = 1, 3, 64, 64, 4
+        key_channels = heads_k * key_dim
+        channels = 2 * key_channels + heads_v * value_dim
+        width = channels + heads_v * value_dim + 2 * heads_v
+        projected = torch.randn(1, length, width, generator=generator).to(dtype)
+        conv_state = torch.randn(1, channels, taps - 1, generator=generator).to(dtype)
+        conv_weight = (0.5 * torch.randn(channels, 1, taps, generator=generator)).to(dtype)
+        a_log = torch.rand(heads_v, generator=generator)
+        dt_bias = torch.randn(heads_v, generator=generator)
+        state = torch.randn(1, heads_v, key_dim, value_dim, generator=generator)
+        positions = torch.arange(start, start + length)
+
+        starting = positions[:1] == 0
+        window = torch.cat([conv_state.double() * (~starting).double(), projected.double()[..., :channels]
+                            .transpose(1, 2)], dim=-1)
+        expected_conv_state = window[:, :, length:]
+        mixed = F.silu(F.conv1d(window, conv_weight.double(), groups=channels)).transpose(1, 2)
+        query = mixed[..., :key_channels].reshape(1, length, heads_k, key_dim)
+        key = mixed[..., key_channels:2 * key_channels].reshape(1, length, heads_k, key_dim)
+        value = mixed[..., 2 * key_channels:].reshape(1, length, heads_v, value_dim)
+        a = forget_previous_sequence(projected.double()[..., width - heads_v:], a_log.double(), dt_bias.double(),
+                                     starting)
+        b = projected.double()[..., width - 2 * heads_v:width - heads_v]
+        g = -a_log.double().exp() * F.softplus(a + dt_bias.double())
+        expected, expected_state = reference.recurrent_gated_delta_rule(query, key, value, g, b.sigmoid(),
+                                                                        state.double(), use_qk_l2norm=True)
+
+        conv_device, state_device = conv_state.to(DEVICE), state.to(DEVICE)
+        output = prefill_gated_delta_net(projected.to(DEVICE), conv_device, conv_weight.to(DEVICE),
+                                         positions.to(DEVICE), a_log.to(DEVICE), dt_bias.to(DEVICE), state_device)
+        # bf16: the conv's output (q, k, v) and the chunk tensors are rounded to bf16 as in the bf16 program.
+        tolerance = 1e-4 if dtype == torch.float32 else 4e-2
+        for name, actual, wanted in (("output", output, expected), ("recurrent state", state_device, expected_state),
+                                     ("conv state", conv_device, expected_conv_state)):
+            error = ((actual.cpu().double() - wanted).abs().max() / wanted.abs().max()).item()
+            assert error <= tolerance, f"{name}: {error}"
+        with pytest.raises(ValueError, match=r"projected must be a chunk's \[qkv \| z \| b \| a\]"):
+            prefill_gated_delta_net(projected[..., 1:].to(DEVICE), conv_device, conv_weight.to(DEVICE),
+                                    positions.to(DEVICE), a_log.to(DEVICE), dt_bias.to(DEVICE), state_device)
+
     # Launches the sweep of gdn_bench.cuda_layers may choose: one row per program, tiles wider than K,
     # narrow tiles over many rows; 8 warps and 3 stages.
     @pytest.mark.parametrize("launch_shape", [dict(rows=1, width=512, num_warps=8, num_stages=3),

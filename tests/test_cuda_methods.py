@@ -106,16 +106,18 @@ def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoi
     assert sorted(methods) == ["decode", "prefill"]
     # The tiny model's layers: linear, linear, full attention.
     # Decode's Gated DeltaNet layers: one op from their projection on (conv, gates, recurrence).
-    recurrent, chunked = "gdn_cuda.decode_gated_delta_net.default", "gdn_cuda.fused_chunked_gated_delta_rule.default"
+    # Prefill's: one op from their projection on (conv and gates in one kernel, then the chunked ones).
+    recurrent, chunked = "gdn_cuda.decode_gated_delta_net.default", "gdn_cuda.prefill_gated_delta_net.default"
     attention, linear = "gdn_cuda.cached_attention.default", "gdn_cuda.decode_linear.default"
     attention_inputs = "gdn_cuda.decode_attention_inputs.default"
     decode_ops, prefill_ops = _gdn_ops(methods["decode"]), _gdn_ops(methods["prefill"])
     # Decode's attention layer: one op from its projection to its query (norms, rotary, cache writes).
     assert [op for op in decode_ops if op != linear] == [recurrent, recurrent, attention_inputs, attention]
     assert [op for op in prefill_ops if op != linear] == [chunked, chunked, attention]
-    convolutions = [node.name for node in methods["decode"].graph.nodes
-                    if node.op == "call_function" and "conv" in str(node.target)]
-    assert not convolutions, convolutions
+    for method in ("decode", "prefill"):
+        convolutions = [node.name for node in methods[method].graph.nodes
+                        if node.op == "call_function" and "conv" in str(node.target)]
+        assert not convolutions, (method, convolutions)
     # Decode takes every linear layer through the matrix-vector kernel: each layer's two normed inputs (the
     # mixer's merged projections, the MLP's gate/up) with the norm inside, the MLP's down projection with its
     # silu-gated input, each Gated DeltaNet output projection with the gated per-head norm inside and the
@@ -155,7 +157,8 @@ def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoi
     assert decode_kernels == {"decode_convolution_kernel", "recurrent_gated_delta_rule_kernel",
                               "decode_attention_inputs_kernel", "cached_attention_kernel", "merge_spans_kernel",
                               "decode_linear_kernel"}, decode_kernels
-    assert {"chunk_prepare_kernel", "chunk_state_kernel", "cached_attention_kernel"} <= prefill_kernels, \
+    assert {"prefill_convolution_kernel", "chunk_prepare_kernel", "chunk_state_kernel",
+            "cached_attention_kernel"} <= prefill_kernels, \
         prefill_kernels
     assert not {"recurrent_gated_delta_rule_kernel", "merge_spans_kernel"} & prefill_kernels
 
@@ -164,7 +167,7 @@ def test_decode_holds_the_per_token_kernel_and_prefill_the_chunked_ones(checkpoi
 PACKED_HEAD_DIMS = {"q_ptr": "DK", "k_ptr": "DK", "v_ptr": "DV"}
 KERNEL_STRIDES = {"q_ptr": "sq", "k_ptr": "sk", "v_ptr": "sv", "g_ptr": "sg", "beta_ptr": "sbeta",
                   "state_in_ptr": "ss", "state_out_ptr": "ss", "out_ptr": "so", "part_ptr": "sp", "lse_ptr": "sl",
-                  "w_ptr": "sw", "k_cache_ptr": "skc", "v_cache_ptr": "svc"}
+                  "w_ptr": "sw", "k_cache_ptr": "skc", "v_cache_ptr": "svc", "projected_ptr": "sproj"}
 
 
 def _value(argument):
@@ -383,6 +386,33 @@ def test_lowering_without_the_built_runtime_is_one_clear_error(tmp_path, monkeyp
     with pytest.raises(executorch_runtime.CudaRuntimeUnavailable, match="no lowering at .*make cuda-runtime"):
         executorch_runtime.use_matching_lowering()
     assert not any(isinstance(finder, executorch_runtime._LoweringFinder) for finder in sys.meta_path)
+
+
+def test_gemm_choices_add_cublas_for_the_lowering_alone(monkeypatch):
+    """CudaBackend compiles with AOTInductor's GEMM choices of $GDN_CUDA_GEMM_BACKENDS (default cuBLAS beside
+    the Triton templates), ATen's mm then a supported fallback (the runtime's cuBLAS shim); outside the lowering
+    CudaBackend is as ExecuTorch wrote it, and a bad value is refused naming the variable before any export."""
+    from executorch.backends.cuda.cuda_backend import CudaBackend
+
+    from cuda_backend.lowering import CudaLoweringError, check_lowering_prerequisites, gemm_backends, gemm_choices
+
+    def choices():
+        return (CudaBackend.get_aoti_compile_options([])["max_autotune_gemm_backends"],
+                "aoti_torch_cuda_mm_out" in CudaBackend.get_supported_fallback_kernels())
+
+    monkeypatch.delenv("GDN_CUDA_GEMM_BACKENDS", raising=False)
+    assert gemm_backends() == "ATEN,TRITON"
+    before = choices()
+    assert before == ("TRITON", False)
+    with gemm_choices(gemm_backends()):
+        assert choices() == ("ATEN,TRITON", True)
+    monkeypatch.setenv("GDN_CUDA_GEMM_BACKENDS", "triton")
+    with gemm_choices(gemm_backends()):
+        assert choices() == ("TRITON", False)
+    assert choices() == before
+    monkeypatch.setenv("GDN_CUDA_GEMM_BACKENDS", "ATEN,CUTLASS")
+    with pytest.raises(CudaLoweringError, match=r"GDN_CUDA_GEMM_BACKENDS='ATEN,CUTLASS': expected .*ATEN, TRITON"):
+        check_lowering_prerequisites()
 
 
 def _write(path: Path, text: str = "") -> None:
