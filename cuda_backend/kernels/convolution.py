@@ -107,9 +107,9 @@ def prefill_convolution_kernel(
             - tl.load(dt_bias_ptr + heads, mask=head_ok, other=0.0).to(tl.float32)
         raised = tl.maximum(a.to(tl.float32), needed[None, :]).to(a.dtype)
         first = starting & (t == 0)
-        out = t[:, None] * num_v_heads + heads[None, :]
-        tl.store(a_ptr + out, tl.where(first[:, None], raised, a), mask=gate_ok)
-        tl.store(b_ptr + out, b, mask=gate_ok)
+        gate_at = t[:, None] * num_v_heads + heads[None, :]
+        tl.store(a_ptr + gate_at, tl.where(first[:, None], raised, a), mask=gate_ok)
+        tl.store(b_ptr + gate_at, b, mask=gate_ok)
     else:
         keep = tl.where(starting, 0.0, 1.0)
         c = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -142,13 +142,13 @@ def prefill_convolution_kernel(
             column = tl.arange(0, TAPS_P2)
             column_ok = column < TAPS - 1
             row = length + column
-            from_input = column_ok & (row >= TAPS - 1)
-            from_state = column_ok & (row < TAPS - 1)
-            x = tl.load(projected_ptr + (row - (TAPS - 1))[None, :] * sproj_t + c[:, None] * sproj_c,
-                        mask=c_ok[:, None] & from_input[None, :], other=0.0).to(tl.float32)
-            old = tl.load(conv_state_ptr + c[:, None] * ss_c + row[None, :] * ss_t,
-                          mask=c_ok[:, None] & from_state[None, :], other=0.0).to(tl.float32)
-            state = tl.where(from_input[None, :], x, old * keep)
+            new_from_input = column_ok & (row >= TAPS - 1)
+            new_from_state = column_ok & (row < TAPS - 1)
+            recent = tl.load(projected_ptr + (row - (TAPS - 1))[None, :] * sproj_t + c[:, None] * sproj_c,
+                        mask=c_ok[:, None] & new_from_input[None, :], other=0.0).to(tl.float32)
+            kept = tl.load(conv_state_ptr + c[:, None] * ss_c + row[None, :] * ss_t,
+                          mask=c_ok[:, None] & new_from_state[None, :], other=0.0).to(tl.float32)
+            state = tl.where(new_from_input[None, :], recent, kept * keep)
             # This program alone touches these channels' state; the barrier keeps its stores after every
             # thread's loads of the old state (above and in the taps).
             tl.debug_barrier()
