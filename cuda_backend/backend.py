@@ -95,11 +95,12 @@ class CudaTritonBackend(Backend):
         """``decode`` and ``prefill``, as ExecuTorch's own Qwen3.5 CUDA export has them.
 
         * ``decode(tokens [1, 1], input_pos [1])``: T is static, so each Gated
-          DeltaNet layer holds ``gdn_cuda::fused_recurrent_gated_delta_rule``
-          (the per-token kernel).
+          DeltaNet layer holds ``gdn_cuda::decode_gated_delta_net`` (its conv and
+          gates, then the per-token kernel).
         * ``prefill(tokens [1, T], input_pos [1])`` with T dynamic from 2 to
-          ``prefill_chunk``: ``gdn_cuda::fused_chunked_gated_delta_rule``. Traced
-          at T = ``prefill_chunk``. Left out when ``prefill_chunk`` is 1.
+          ``prefill_chunk``: ``gdn_cuda::prefill_gated_delta_net`` (its conv and
+          gates, then the chunked kernels). Traced at T = ``prefill_chunk``. Left
+          out when ``prefill_chunk`` is 1.
 
         Both update the model's state buffers (KV caches, conv and recurrent
         states) in place; the runtime shares them between the methods by name

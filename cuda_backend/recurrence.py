@@ -7,6 +7,9 @@ dynamic T holds ``gdn_cuda::fused_chunked_gated_delta_rule`` (correct for any
 T, T = 1 included), so no run-time branch is needed. Both ops are
 ``triton_op``s: ``torch.export`` keeps them whole and AOTInductor compiles
 their kernels into the CudaBackend program; both update ``state`` in place.
+The CUDA rewrite's Gated DeltaNet layers (``DecodeGatedDeltaNet``) take one op
+from their projection on instead, at one token and for a chunk of batch 1;
+this recurrence serves other batches.
 """
 
 from __future__ import annotations

@@ -365,23 +365,29 @@ def run_decode_convolution(projected, conv_state, conv_weight, input_pos, A_log,
     )
 
 
-def check_decode_gated_delta_net_inputs(projected, conv_state, conv_weight, input_pos, A_log, dt_bias, state) -> None:
-    """ValueError naming the input whose shape does not fit one token of one Gated DeltaNet layer."""
+def _layer_problems(conv_state, conv_weight, A_log, dt_bias, state) -> tuple[list, int]:
+    """(what does not fit one Gated DeltaNet layer among its conv state, conv weight, gates' parameters and
+    recurrent state; the width of its merged projection [qkv | z | b | a])."""
     channels = conv_state.shape[1] if conv_state.dim() == 3 else -1
     num_v_heads, value_dim = state.shape[1], state.shape[3]
-    width = channels + num_v_heads * value_dim + 2 * num_v_heads
     problems = []
     if conv_state.dim() != 3 or conv_state.shape[0] != 1:
         problems.append(f"conv_state must be [1, C, W - 1], got {list(conv_state.shape)}")
     elif list(conv_weight.shape) != [channels, 1, conv_state.shape[2] + 1]:
         problems.append(f"conv_weight must be [{channels}, 1, {conv_state.shape[2] + 1}], got {list(conv_weight.shape)}")
+    for name, tensor in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if list(tensor.shape) != [num_v_heads]:
+            problems.append(f"{name} must be [{num_v_heads}], got {list(tensor.shape)}")
+    return problems, channels + num_v_heads * value_dim + 2 * num_v_heads
+
+
+def check_decode_gated_delta_net_inputs(projected, conv_state, conv_weight, input_pos, A_log, dt_bias, state) -> None:
+    """ValueError naming the input whose shape does not fit one token of one Gated DeltaNet layer."""
+    problems, width = _layer_problems(conv_state, conv_weight, A_log, dt_bias, state)
     if list(projected.shape) != [1, 1, width]:
         problems.append(f"projected must be one token's [qkv | z | b | a], [1, 1, {width}], got {list(projected.shape)}")
     if list(input_pos.shape) != [1] or input_pos.dtype != torch.long:
         problems.append(f"input_pos must be one int64 position, got {list(input_pos.shape)} {input_pos.dtype}")
-    for name, tensor in (("A_log", A_log), ("dt_bias", dt_bias)):
-        if list(tensor.shape) != [num_v_heads]:
-            problems.append(f"{name} must be [{num_v_heads}], got {list(tensor.shape)}")
     if problems:
         raise ValueError("gdn_cuda.decode_gated_delta_net: " + "; ".join(problems))
 
@@ -441,23 +447,13 @@ def run_prefill_convolution(projected, conv_state, conv_weight, positions, A_log
 def check_prefill_gated_delta_net_inputs(projected, conv_state, conv_weight, positions, A_log, dt_bias,
                                          state) -> None:
     """ValueError naming the input whose shape does not fit a chunk of one Gated DeltaNet layer."""
-    channels = conv_state.shape[1] if conv_state.dim() == 3 else -1
-    num_v_heads, value_dim = state.shape[1], state.shape[3]
-    width = channels + num_v_heads * value_dim + 2 * num_v_heads
-    problems = []
-    if conv_state.dim() != 3 or conv_state.shape[0] != 1:
-        problems.append(f"conv_state must be [1, C, W - 1], got {list(conv_state.shape)}")
-    elif list(conv_weight.shape) != [channels, 1, conv_state.shape[2] + 1]:
-        problems.append(f"conv_weight must be [{channels}, 1, {conv_state.shape[2] + 1}], got {list(conv_weight.shape)}")
+    problems, width = _layer_problems(conv_state, conv_weight, A_log, dt_bias, state)
     if projected.dim() != 3 or projected.shape[0] != 1 or projected.shape[2] != width:
         problems.append(f"projected must be a chunk's [qkv | z | b | a], [1, T, {width}], got {list(projected.shape)}")
     elif projected.stride(2) != 1:
         problems.append(f"projected's channels must be adjacent (stride 1), got strides {list(projected.stride())}")
     if positions.dim() != 1 or positions.dtype != torch.long:
         problems.append(f"positions must be int64 [T] (or its first, [1]), got {list(positions.shape)} {positions.dtype}")
-    for name, tensor in (("A_log", A_log), ("dt_bias", dt_bias)):
-        if list(tensor.shape) != [num_v_heads]:
-            problems.append(f"{name} must be [{num_v_heads}], got {list(tensor.shape)}")
     if problems:
         raise ValueError("gdn_cuda.prefill_gated_delta_net: " + "; ".join(problems))
 

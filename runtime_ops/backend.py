@@ -79,12 +79,20 @@ class XnnpackBackend(CpuBackend):
         pool_norm_means(model)
 
     def lower(self, programs: dict, metadata: dict):
-        from runtime_ops.xnnpack_lowering import only_applicable_passes, preprocess_sharing_weights
+        from runtime_ops.xnnpack_lowering import (
+            decomposed_once,
+            functional_programs_kept,
+            only_applicable_passes,
+            preprocess_sharing_weights,
+        )
 
         # XNNPACK's passes for ops that our partitions never hold took a fifth of a quantized export,
-        # and a copy of every weight for them to work on a fifth of its peak memory.
-        with only_applicable_passes(), preprocess_sharing_weights():
-            return super().lower(programs, metadata)
+        # and a copy of every weight for them to work on a fifth of its peak memory; a re-trace that only
+        # made forward functional before decomposing it, another tenth.
+        decomposed = decomposed_once(programs, self.partitioners)
+        ready = [program for name, program in decomposed.items() if program is not programs[name]]
+        with only_applicable_passes(), preprocess_sharing_weights(), functional_programs_kept(ready):
+            return super().lower(decomposed, metadata)
 
     def partitioners(self, method: str) -> list:
         from runtime_ops.xnnpack_lowering import OneDecompositionXnnpackPartitioner

@@ -11,6 +11,10 @@ backend offers):
   decomposes the program twice, marking the checked nodes in between. When every such node passes
   the check, marking changes nothing, so the partitioner drops its check and the program is
   decomposed once.
+* ``decomposed_once`` with ``functional_programs_kept``. ``to_edge_transform_and_lower`` first re-traces
+  each method with no decomposition at all, only to make it functional, and then decomposes it: two
+  passes over the program where ``to_edge`` takes one. Each method with a partitioner is decomposed
+  here, functional at once, and ExecuTorch's two re-traces leave it as it is when they have nothing to do.
 * ``only_applicable_passes``. XNNPACK's ``preprocess`` runs its whole pass list (17 passes in
   ExecuTorch 1.5.1) over each of our 100 or more partitions, and most passes re-trace the
   partition, though they rewrite ops that our programs never give XNNPACK (batch norm,
@@ -66,6 +70,71 @@ class OneDecompositionXnnpackPartitioner(XnnpackPartitioner):
         if takes is not None and all(takes(node) for node in kept):
             return ops, None
         return ops, takes
+
+
+def decomposed_once(programs: dict, partitioners) -> dict:
+    """``programs`` ({method: ExportedProgram}), each method with one partitioner decomposed by ExecuTorch's default
+    table without the ops that partitioner keeps whole, in one re-trace that also makes it functional; the others as
+    they are.
+
+    What ``to_edge_transform_and_lower`` then does with such a method: its functionalizing re-trace is skipped
+    (``functional_programs_kept``); if the partitioner checks no node, the table has nothing left to decompose, and
+    the method is decomposed once where it was twice; if it does check nodes (int8wo's linears fail XNNPACK's
+    check), ExecuTorch's two decompositions follow as before, on a program they leave as they would have made it.
+    The partitioner's check is not asked here: on the program as ``torch.export`` traced it, before
+    functionalization, XNNPACK refuses every linear that it takes afterwards."""
+    from executorch.exir.program._program import _default_decomposition_table
+
+    decomposed = {}
+    for name, program in programs.items():
+        found = partitioners(name)
+        if len(found) != 1:
+            decomposed[name] = program
+            continue
+        kept, _ = found[0].ops_to_not_decompose(program)
+        table = _default_decomposition_table()
+        for op in kept:
+            table.pop(op, None)
+        decomposed[name] = program.run_decompositions(table)
+    return decomposed
+
+
+# Ops of the default decomposition table that tracing a program with symbolic sizes always writes again: a graph
+# holding no other op of a table is left as it is by decomposing it with that table.
+RETRACED_ANYWAY = ("aten.sym_size.int", "aten.sym_stride.int", "aten.sym_numel.default", "aten.sym_storage_offset.default")
+
+
+def nothing_to_decompose(program, table: dict) -> bool:
+    """Whether ``program`` calls no op of ``table`` but those in ``RETRACED_ANYWAY``."""
+    return not any(
+        node.op == "call_function" and node.target in table and str(node.target) not in RETRACED_ANYWAY
+        for node in program.graph.nodes
+    )
+
+
+@contextlib.contextmanager
+def functional_programs_kept(programs) -> Iterator[None]:
+    """While open, ``run_decompositions`` returns each of ``programs`` (functional and decomposed already,
+    ``decomposed_once``) as it is when it has nothing to do: ``run_decompositions({})``, a re-trace that only makes a
+    program functional, and a table of which the program holds only symbolic-size ops (ExecuTorch decomposes
+    again whenever a program holds any op of its table, and a program with a dynamic dim always holds
+    ``aten.sym_size.int``)."""
+    from torch.export import ExportedProgram
+
+    kept = {id(program) for program in programs}
+    retrace = ExportedProgram.run_decompositions
+
+    def run_decompositions(self, decomp_table=None, *args, **kwargs):
+        if id(self) in kept and decomp_table is not None and not args and not kwargs \
+                and nothing_to_decompose(self, decomp_table):
+            return self
+        return retrace(self, decomp_table, *args, **kwargs)
+
+    ExportedProgram.run_decompositions = run_decompositions
+    try:
+        yield
+    finally:
+        ExportedProgram.run_decompositions = retrace
 
 
 def op_names(exported_program) -> set[str]:

@@ -71,7 +71,8 @@ def test_decode_export_holds_the_fused_decode_op(cuda_model):
 @directly
 def test_prefill_export_holds_the_chunked_op(cuda_model):
     ops = _gdn_ops(cuda_model, 5)
-    assert ops == ["gdn_cuda.fused_chunked_gated_delta_rule.default"] * 2 + ["gdn_cuda.cached_attention.default"], ops
+    # One per linear-attention layer: its conv and gates (one prologue kernel), then the chunked kernels.
+    assert ops == ["gdn_cuda.prefill_gated_delta_net.default"] * 2 + ["gdn_cuda.cached_attention.default"], ops
 
 
 @directly

@@ -20,7 +20,8 @@ MAX_SEQ_LEN = 32
 OPS = {
     "portable": torch.ops.gdn.gated_delta_rule_inplace.default,
     "xnnpack": torch.ops.gdn.gated_delta_rule_inplace.default,
-    "cuda": torch.ops.gdn_cuda.fused_chunked_gated_delta_rule.default,  # any T (dynamic here)
+    # A Gated DeltaNet layer from its projection on (conv, gates, the chunked kernels), any T (dynamic here).
+    "cuda": torch.ops.gdn_cuda.prefill_gated_delta_net.default,
 }
 
 

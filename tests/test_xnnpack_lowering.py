@@ -48,14 +48,17 @@ def checksums(tensors: list) -> list:
 
 
 class Recorder:
-    """While open, records the passes each XNNPACK partition ran and whether a partitioner gave up its check,
-    and asserts that preprocessing a partition leaves its weights as they were (they are shared with the
-    program being lowered: ``preprocess_sharing_weights``)."""
+    """While open, records the passes each XNNPACK partition ran, whether a partitioner gave up its check and the
+    size (nodes) of each program that a decomposition re-traced, and asserts that preprocessing a partition leaves
+    its weights as they were (they are shared with the program being lowered: ``preprocess_sharing_weights``)."""
 
     def __enter__(self):
         import executorch.backends.xnnpack.xnnpack_preprocess as preprocess
+        import torch.export.exported_program as exported_program
 
-        self.module, self.passes_run, self.checks_dropped = preprocess, [], []
+        self.module, self.passes_run, self.checks_dropped, self.retraced = preprocess, [], [], []
+        self.exported_program_module = exported_program
+        self.decompose = exported_program._decompose_exported_program
         self.manager = preprocess.XNNPACKPassManager
         self.ops_to_not_decompose = OneDecompositionXnnpackPartitioner.ops_to_not_decompose
         self.preprocess = preprocess.XnnpackBackend.__dict__["preprocess"]
@@ -79,12 +82,22 @@ class Recorder:
             recorder.checks_dropped.append(takes is None)
             return ops, takes
 
+        def decomposing(program, *args, **kwargs):
+            recorder.retraced.append(len(program.graph.nodes))
+            return recorder.decompose(program, *args, **kwargs)
+
         preprocess.XNNPACKPassManager = RecordingManager
         preprocess.XnnpackBackend.preprocess = staticmethod(checking)
         OneDecompositionXnnpackPartitioner.ops_to_not_decompose = recording
+        exported_program._decompose_exported_program = decomposing
         return self
 
+    def forward_retraces(self) -> int:
+        """Re-traces of ``forward``, the largest of the methods (the state methods are a few dozen nodes)."""
+        return sum(size > max(self.retraced) // 2 for size in self.retraced)
+
     def __exit__(self, *exc):
+        self.exported_program_module._decompose_exported_program = self.decompose
         self.module.XNNPACKPassManager = self.manager
         self.module.XnnpackBackend.preprocess = self.preprocess
         OneDecompositionXnnpackPartitioner.ops_to_not_decompose = self.ops_to_not_decompose
@@ -102,19 +115,25 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
     ours = tmp_path / "ours.pte"
     with Recorder() as recorder:
         export_qwen35(dense_checkpoint, ours, backend="xnnpack", quantize=quantize)
-    # Both shortcuts were taken where they apply: forward decomposed once, passes skipped in every partition.
-    # XNNPACK leaves int8wo's linears (a weight widened at each call) outside, so its check stays for forward.
-    assert recorder.checks_dropped[0] == (quantize != "int8wo"), recorder.checks_dropped
+    # The shortcuts were taken where they apply: forward re-traced once to be decomposed (ExecuTorch alone: once to
+    # make it functional, once to decompose it: three times for int8wo), passes skipped in every partition. XNNPACK
+    # leaves int8wo's linears (a weight widened at each call) outside, so its check stays for forward, and ExecuTorch
+    # decomposes once more after marking the linears it takes.
+    # [0]: decomposed_once's question, on the program as traced; [1]: ExecuTorch's, on that decomposition.
+    assert recorder.checks_dropped[1] == (quantize != "int8wo"), recorder.checks_dropped
+    assert recorder.forward_retraces() == (1 if quantize != "int8wo" else 2), recorder.retraced
     whole = len(whole_pass_list())
     assert recorder.passes_run and all(len(passes) < whole for passes in recorder.passes_run), recorder.passes_run
 
     monkeypatch.setattr(lowering, "only_applicable_passes", contextlib.nullcontext)
     monkeypatch.setattr(lowering, "preprocess_sharing_weights", contextlib.nullcontext)
     monkeypatch.setattr(lowering, "OneDecompositionXnnpackPartitioner", XnnpackPartitioner)
+    monkeypatch.setattr(lowering, "decomposed_once", lambda programs, partitioners: programs)
     theirs = tmp_path / "theirs.pte"
     with Recorder() as recorder:
         export_qwen35(dense_checkpoint, theirs, backend="xnnpack", quantize=quantize)
     assert recorder.passes_run and all(len(passes) == whole for passes in recorder.passes_run)
+    assert recorder.forward_retraces() == 3, recorder.retraced
     assert ours.read_bytes() == theirs.read_bytes(), (
         f"seed={module_seed} quantize={quantize}: the program differs from the whole lowering's "
         f"({ours.stat().st_size} against {theirs.stat().st_size} bytes)")

@@ -7,7 +7,7 @@ the eager reference model's logits and greedy tokens:
 
 * ``decode``: T = 1, holds ``gdn_cuda::decode_gated_delta_net``; the
   prompt goes in one token at a time, then greedy decoding;
-* ``prefill``: T dynamic, holds ``gdn_cuda::fused_chunked_gated_delta_rule``;
+* ``prefill``: T dynamic, holds ``gdn_cuda::prefill_gated_delta_net``;
   the prompt and then every decode step go through it.
 
 "The program CudaBackend compiles" is the exported program after
