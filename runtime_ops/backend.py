@@ -81,6 +81,7 @@ class XnnpackBackend(CpuBackend):
     def lower(self, programs: dict, metadata: dict):
         from runtime_ops.xnnpack_lowering import (
             decomposed_once,
+            edge_passes_where_applicable,
             functional_programs_kept,
             only_applicable_passes,
             preprocess_sharing_weights,
@@ -88,10 +89,11 @@ class XnnpackBackend(CpuBackend):
 
         # XNNPACK's passes for ops that our partitions never hold took a fifth of a quantized export,
         # and a copy of every weight for them to work on a fifth of its peak memory; a re-trace that only
-        # made forward functional before decomposing it, another tenth.
+        # made forward functional before decomposing it, another tenth; edge passes with nothing to rewrite.
         decomposed = decomposed_once(programs, self.partitioners)
         ready = [program for name, program in decomposed.items() if program is not programs[name]]
-        with only_applicable_passes(), preprocess_sharing_weights(), functional_programs_kept(ready):
+        with only_applicable_passes(), preprocess_sharing_weights(), functional_programs_kept(ready), \
+                edge_passes_where_applicable():
             return super().lower(decomposed, metadata)
 
     def partitioners(self, method: str) -> list:

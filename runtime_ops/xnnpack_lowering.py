@@ -15,6 +15,10 @@ backend offers):
   each method with no decomposition at all, only to make it functional, and then decomposes it: two
   passes over the program where ``to_edge`` takes one. Each method with a partitioner is decomposed
   here, functional at once, and ExecuTorch's two re-traces leave it as it is when they have nothing to do.
+* ``edge_passes_where_applicable``. ExecuTorch's conversion to its edge dialect runs a dozen passes over each
+  method, each re-tracing it. Three of them rewrite only what our programs no longer hold once decomposed
+  (``EDGE_PASS_REWRITES``: a node of ``aten.t``, a view op, a symbolic value where a tensor is expected), and are
+  skipped for a program without it.
 * ``only_applicable_passes``. XNNPACK's ``preprocess`` runs its whole pass list (17 passes in
   ExecuTorch 1.5.1) over each of our 100 or more partitions, and most passes re-trace the
   partition, though they rewrite ops that our programs never give XNNPACK (batch norm,
@@ -135,6 +139,68 @@ def functional_programs_kept(programs) -> Iterator[None]:
         yield
     finally:
         ExportedProgram.run_decompositions = retrace
+
+
+def _holds_a_transpose(graph_module) -> bool:
+    return any(node.target is torch.ops.aten.t.default for node in graph_module.graph.nodes)
+
+
+def _holds_a_view_op(graph_module) -> bool:
+    return any(isinstance(node.target, torch._ops.OpOverload) and node.target.is_view
+               for node in graph_module.graph.nodes if node.op == "call_function")
+
+
+def _passes_a_symbol_as_a_tensor(graph_module) -> bool:
+    """Whether an op gets a SymInt/SymFloat/SymBool where its schema takes a Tensor (what SymToTensorPass wraps in
+    ``aten.scalar_tensor``)."""
+    symbols = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        for index, argument in enumerate(node.target._schema.arguments):
+            value = node.kwargs.get(argument.name) if argument.kwarg_only or argument.name in node.kwargs \
+                else (node.args[index] if index < len(node.args) else None)
+            if isinstance(argument.type, torch.TensorType) and isinstance(value, torch.fx.Node) \
+                    and isinstance(value.meta.get("val"), symbols):
+                return True
+    return False
+
+
+# An edge-dialect pass (its class name) -> whether a graph holds what it rewrites, read off its source: it changes
+# nothing in a graph without it.
+EDGE_PASS_REWRITES = {
+    "NormalizeTransposePass": _holds_a_transpose,  # aten.t -> aten.t_copy
+    "ReplaceBrokenOpsWithFunctionalOpsPass": _holds_a_view_op,  # each view op -> its _copy op
+    "SymToTensorPass": _passes_a_symbol_as_a_tensor,
+}
+
+
+@contextlib.contextmanager
+def edge_passes_where_applicable() -> Iterator[None]:
+    """While open, the passes of ``EDGE_PASS_REWRITES`` among ExecuTorch's edge-dialect passes run only on graphs
+    holding what they rewrite."""
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    import executorch.exir.program._program as program_module
+
+    edge_passes = program_module._get_aten_to_edge_passes
+
+    def where_applicable(each):
+        # ExecuTorch's pass manager hands most passes over wrapped in a function named after the pass's class.
+        applies = EDGE_PASS_REWRITES.get(getattr(each, "__name__", type(each).__name__))
+        if applies is None:
+            return each
+        return lambda graph_module: each(graph_module) if applies(graph_module) else PassResult(graph_module, False)
+
+    def applicable_edge_passes(config):
+        before, after = edge_passes(config)
+        return [where_applicable(each) for each in before], after
+
+    program_module._get_aten_to_edge_passes = applicable_edge_passes
+    try:
+        yield
+    finally:
+        program_module._get_aten_to_edge_passes = edge_passes
 
 
 def op_names(exported_program) -> set[str]:

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from runtime_ops.xnnpack_lowering import (
+    EDGE_PASS_REWRITES,
     REWRITTEN_OPS,
     OneDecompositionXnnpackPartitioner,
     applicable_passes,
@@ -35,6 +36,55 @@ def test_only_passes_named_with_absent_ops_are_skipped():
 def test_every_named_pass_is_in_xnnpacks_list():
     names = [each.__name__ for each in whole_pass_list()]
     assert set(REWRITTEN_OPS) <= set(names), sorted(set(REWRITTEN_OPS) - set(names))
+
+
+def test_every_edge_pass_named_is_among_executorchs():
+    import executorch.exir.program._program as program_module
+    from executorch.exir import EdgeCompileConfig
+
+    before, _ = program_module._get_aten_to_edge_passes(EdgeCompileConfig())
+    names = [getattr(each, "__name__", type(each).__name__) for each in before]
+    assert set(EDGE_PASS_REWRITES) <= set(names), sorted(set(EDGE_PASS_REWRITES) - set(names))
+
+
+class TransposesAndViews(nn.Module):
+    def forward(self, x):
+        return x.t() * 2, x.view(-1) + 1
+
+
+def test_edge_pass_checks_see_what_their_pass_rewrites(dense_checkpoint, generator, tmp_path):
+    """Where a check says no, its pass leaves the graph as it was: the graphs of the tiny model's export (what the
+    checks see inside ``edge_passes_where_applicable``) each go through the pass itself. Where the pass rewrites
+    (a transpose and a reshape, traced as ``aten.t`` and ``aten.view``), its check says yes."""
+    import copy
+
+    import executorch.exir.program._program as program_module
+    from executorch.exir import EdgeCompileConfig
+
+    from gdn_export import export_qwen35
+
+    seen = []
+    checks = dict(EDGE_PASS_REWRITES)
+    try:
+        for name, check in checks.items():
+            EDGE_PASS_REWRITES[name] = lambda graph_module, check=check, name=name: (
+                seen.append((name, copy.deepcopy(graph_module), check(graph_module))) or seen[-1][2])
+        export_qwen35(dense_checkpoint, tmp_path / "model.pte", backend="xnnpack", quantize="8da4w")
+    finally:
+        EDGE_PASS_REWRITES.update(checks)
+    before, _ = program_module._get_aten_to_edge_passes(EdgeCompileConfig())
+    passes = {getattr(each, "__name__", type(each).__name__): each for each in before}
+    assert {name for name, _, _ in seen} == set(checks)
+    for name, graph_module, applies in seen:
+        code = graph_module.code
+        if not applies:
+            assert passes[name](graph_module).graph_module.code == code, name
+
+    program = torch.export.export(TransposesAndViews(), (torch.randn(3, 5, generator=generator),), strict=False)
+    graph_module = program.run_decompositions({}).graph_module  # functional, nothing decomposed: aten.t, aten.view
+    for name in ("NormalizeTransposePass", "ReplaceBrokenOpsWithFunctionalOpsPass"):
+        assert checks[name](graph_module), name
+        assert passes[name](copy.deepcopy(graph_module)).graph_module.code != graph_module.code, name
 
 
 def weights_of(edge_program) -> list:
