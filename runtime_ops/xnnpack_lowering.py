@@ -212,11 +212,41 @@ def op_names(exported_program) -> set[str]:
     }
 
 
-def applicable_passes(passes: list, names: set[str]) -> list:
-    """``passes`` without those whose rewritten ops (``REWRITTEN_OPS``) are all absent from ``names``."""
+def _sets_custom_meta(graph_module) -> bool:
+    """What PropagateCustomMetaPass does: a quantize or dequantize node whose input node has ``meta["custom"]``,
+    which the pass copies onto it."""
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant
+
+    return any(
+        (is_quant(node) or is_dequant(node)) and node.args and isinstance(node.args[0], torch.fx.Node)
+        and "custom" in node.args[0].meta
+        for node in graph_module.graph.nodes
+    )
+
+
+def _computes_from_constants_alone(graph_module) -> bool:
+    """What ConstPropPass folds: an op none of whose inputs is a value of the graph (only literals and get_attr
+    tensors). It re-traces the partition to find them; our partitions hold none."""
+    return any(
+        node.op == "call_function" and all(each.op == "get_attr" for each in node.all_input_nodes)
+        for node in graph_module.graph.nodes
+    )
+
+
+# pass (its class name) -> whether a partition holds what it works on, for passes that a table of ops cannot say.
+PASS_APPLIES = {
+    "PropagateCustomMetaPass": _sets_custom_meta,
+    "ConstPropPass": _computes_from_constants_alone,
+}
+
+
+def applicable_passes(passes: list, names: set[str], graph_module=None) -> list:
+    """``passes`` without those whose rewritten ops (``REWRITTEN_OPS``) are all absent from ``names``, and (given the
+    partition's ``graph_module``) those of ``PASS_APPLIES`` that find nothing there."""
     return [
         each for each in passes
-        if each.__name__ not in REWRITTEN_OPS or names.intersection(REWRITTEN_OPS[each.__name__])
+        if (each.__name__ not in REWRITTEN_OPS or names.intersection(REWRITTEN_OPS[each.__name__]))
+        and (graph_module is None or each.__name__ not in PASS_APPLIES or PASS_APPLIES[each.__name__](graph_module))
     ]
 
 
@@ -231,7 +261,7 @@ def only_applicable_passes() -> Iterator[None]:
         def __init__(self, exported_program, passes=None):
             super().__init__(exported_program, passes)
             if not passes:  # an explicit list (a compile spec's) is the caller's choice: keep it
-                self.passes = applicable_passes(self.passes, op_names(exported_program))
+                self.passes = applicable_passes(self.passes, op_names(exported_program), exported_program.graph_module)
 
     preprocess.XNNPACKPassManager = ApplicablePassManager
     try:

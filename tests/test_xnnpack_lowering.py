@@ -47,6 +47,62 @@ def test_every_edge_pass_named_is_among_executorchs():
     assert set(EDGE_PASS_REWRITES) <= set(names), sorted(set(EDGE_PASS_REWRITES) - set(names))
 
 
+def test_partition_pass_checks_refuse_only_where_the_pass_does_nothing(dense_checkpoint, tmp_path):
+    """PASS_APPLIES: in each XNNPACK partition of the tiny model's export that a check refused, its pass, run
+    anyway, leaves the graph's ops (in order, with what each reads), their custom metadata and the constants as
+    they were (the passes re-trace, which renames nodes)."""
+    import copy
+
+    from executorch.backends.xnnpack._passes.propagate_custom_meta_pass import PropagateCustomMetaPass
+    from executorch.exir.passes.const_prop_pass import ConstPropPass
+
+    from gdn_export import export_qwen35
+    from runtime_ops.xnnpack_lowering import PASS_APPLIES
+
+    refused = []
+    checks = dict(PASS_APPLIES)
+    try:
+        for name, check in checks.items():
+            def recording(graph_module, check=check, name=name):
+                applies = check(graph_module)
+                if not applies:
+                    refused.append((name, copy.deepcopy(graph_module)))
+                return applies
+            PASS_APPLIES[name] = recording
+        export_qwen35(dense_checkpoint, tmp_path / "model.pte", backend="xnnpack", quantize="8da4w")
+    finally:
+        PASS_APPLIES.update(checks)
+    assert {name for name, _ in refused} == set(checks), [name for name, _ in refused]
+    passes = {"PropagateCustomMetaPass": lambda: PropagateCustomMetaPass(None), "ConstPropPass": ConstPropPass}
+
+    def state(graph_module):
+        nodes = list(graph_module.graph.nodes)
+        where = {node: index for index, node in enumerate(nodes)}
+        return ([(node.op, str(node.target), [where[each] for each in node.all_input_nodes]) for node in nodes],
+                [node.meta.get("custom") for node in nodes], sorted(name for name, _ in graph_module.named_buffers()))
+
+    for name, graph_module in refused:
+        before = state(graph_module)
+        assert state(passes[name]()(graph_module).graph_module) == before, name
+
+    # And each check says yes where its pass has work: a quantize node below a node with custom metadata, an op
+    # of literals alone.
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (the quantized_decomposed ops)
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["custom"] = {"origin": "test"}
+    quantized = graph.call_function(torch.ops.quantized_decomposed.quantize_per_tensor.default,
+                                    (x, 0.1, 0, -128, 127, torch.int8))
+    filled = graph.call_function(torch.ops.aten.full.default, ([2], 1.0))
+    graph.output((quantized, filled))
+    graph_module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    assert all(check(graph_module) for check in checks.values())
+    quantized.args = (filled, *quantized.args[1:])
+    filled.meta.pop("custom", None)
+    assert not checks["PropagateCustomMetaPass"](graph_module)
+
+
 class TransposesAndViews(nn.Module):
     def forward(self, x):
         return x.t() * 2, x.view(-1) + 1
