@@ -1,7 +1,7 @@
 """ExecuTorch's XNNPACK lowering without the steps that cannot change our programs.
 
 Most of a quantized export's time is ExecuTorch re-tracing the program with fake tensors over the
-symbolic token count T (docs/benchmarks.md, "Where the export time goes"). Two of those re-tracings
+symbolic token count T (docs/benchmarks.md, "Where the export time goes"). Many of those re-tracings
 do nothing for our programs, and this module skips them. The program is byte for byte the one that
 the whole lowering writes (tests/test_xnnpack_lowering.py checks it for every quantization the
 backend offers):
@@ -23,8 +23,9 @@ backend offers):
   ExecuTorch 1.5.1) over each of our 100 or more partitions, and most passes re-trace the
   partition, though they rewrite ops that our programs never give XNNPACK (batch norm,
   upsampling, PReLU, max pooling...). ``REWRITTEN_OPS`` names such a pass beside the edge ops it
-  rewrites, read off its source; a partition holding none of them skips it. A pass not named
-  there always runs, so one that a newer ExecuTorch adds is never skipped silently.
+  rewrites, read off its source; a partition holding none of them skips it, and ``PASS_APPLIES`` gives two
+  more passes a check of what they work on. A pass named in neither always runs, so one that a newer
+  ExecuTorch adds is never skipped silently.
 
 And one copy that costs memory: ``preprocess_sharing_weights``. ExecuTorch deep-copies every
 partition before preprocessing, in case a backend changes it, and holds all the copies until the last
