@@ -85,6 +85,7 @@ class XnnpackBackend(CpuBackend):
             functional_programs_kept,
             only_applicable_passes,
             preprocess_sharing_weights,
+            unchanged_submodules_not_recompiled,
         )
 
         # XNNPACK's passes for ops that our partitions never hold took a fifth of a quantized export,
@@ -93,7 +94,7 @@ class XnnpackBackend(CpuBackend):
         decomposed = decomposed_once(programs, self.partitioners)
         ready = [program for name, program in decomposed.items() if program is not programs[name]]
         with only_applicable_passes(), preprocess_sharing_weights(), functional_programs_kept(ready), \
-                edge_passes_where_applicable():
+                edge_passes_where_applicable(), unchanged_submodules_not_recompiled():
             return super().lower(decomposed, metadata)
 
     def partitioners(self, method: str) -> list:
