@@ -50,6 +50,17 @@ import torch
 
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
+@contextlib.contextmanager
+def _replaced(owner, name: str, value) -> Iterator[None]:
+    """``owner.name`` is ``value`` while open, and what it was afterwards."""
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
 _BATCH_NORMS = ("aten.native_batch_norm.default", "aten._native_batch_norm_legit_no_training.default")
 
 # pass (its class name) -> the edge ops it rewrites; it has nothing to do in a partition without them.
@@ -141,11 +152,8 @@ def functional_programs_kept(programs) -> Iterator[None]:
             return self
         return retrace(self, decomp_table, *args, **kwargs)
 
-    ExportedProgram.run_decompositions = run_decompositions
-    try:
+    with _replaced(ExportedProgram, "run_decompositions", run_decompositions):
         yield
-    finally:
-        ExportedProgram.run_decompositions = retrace
 
 
 def _holds_a_transpose(graph_module) -> bool:
@@ -203,11 +211,8 @@ def edge_passes_where_applicable() -> Iterator[None]:
         before, after = edge_passes(config)
         return [where_applicable(each) for each in before], after
 
-    program_module._get_aten_to_edge_passes = applicable_edge_passes
-    try:
+    with _replaced(program_module, "_get_aten_to_edge_passes", applicable_edge_passes):
         yield
-    finally:
-        program_module._get_aten_to_edge_passes = edge_passes
 
 
 def _graph_state(graph) -> tuple:
@@ -224,7 +229,6 @@ def unchanged_submodules_not_recompiled() -> Iterator[None]:
 
     import executorch.exir.backend.backend_api as backend_api
 
-    every_submodule = GraphModule._recompile_submodules
     recompile = GraphModule.recompile
     create_partitions = backend_api._create_partitions_in_graph_module
     compiled: dict[int, tuple] = {}  # id(submodule) -> (submodule, its graph's state at its last compile)
@@ -251,22 +255,17 @@ def unchanged_submodules_not_recompiled() -> Iterator[None]:
                 return None
             return recompile(self)
 
-        GraphModule._recompile_submodules = changed_submodules
-        GraphModule.recompile = later_for_the_method
-        try:
-            return create_partitions(method, *args, **kwargs)
-        finally:
-            GraphModule.recompile = recompile
-            if deferred:
-                method.recompile()
-            GraphModule._recompile_submodules = every_submodule
-            compiled.clear()
+        with _replaced(GraphModule, "_recompile_submodules", changed_submodules):
+            try:
+                with _replaced(GraphModule, "recompile", later_for_the_method):
+                    return create_partitions(method, *args, **kwargs)
+            finally:
+                if deferred:
+                    method.recompile()
+                compiled.clear()
 
-    backend_api._create_partitions_in_graph_module = creating_partitions
-    try:
+    with _replaced(backend_api, "_create_partitions_in_graph_module", creating_partitions):
         yield
-    finally:
-        backend_api._create_partitions_in_graph_module = create_partitions
 
 
 def op_names(exported_program) -> set[str]:
@@ -329,11 +328,8 @@ def only_applicable_passes() -> Iterator[None]:
             if not passes:  # an explicit list (a compile spec's) is the caller's choice: keep it
                 self.passes = applicable_passes(self.passes, op_names(exported_program), exported_program.graph_module)
 
-    preprocess.XNNPACKPassManager = ApplicablePassManager
-    try:
+    with _replaced(preprocess, "XNNPACKPassManager", ApplicablePassManager):
         yield
-    finally:
-        preprocess.XNNPACKPassManager = whole_list_manager
 
 
 @contextlib.contextmanager
