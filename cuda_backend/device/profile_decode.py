@@ -62,9 +62,11 @@ def kernel_rows(output: str) -> list[dict]:
 
 
 # Kernel families by name: AOTInductor names its GEMM templates triton_tem_*, its fused pointwise and reduction
-# kernels triton_poi_/triton_red_/triton_per_*; every other kernel is one of ours (cuda_backend.kernels).
+# kernels triton_poi_/triton_red_/triton_per_*; cuBLAS's kernels (the products AOTInductor hands to our cuBLAS shim)
+# are nvjet_* on Hopper, *xmma*/cutlass* on others; every other kernel is one of ours (cuda_backend.kernels).
 FAMILIES = (("AOTInductor GEMM templates", ("triton_tem_",)),
-            ("AOTInductor pointwise and reductions", ("triton_poi_", "triton_red_", "triton_per_")))
+            ("AOTInductor pointwise and reductions", ("triton_poi_", "triton_red_", "triton_per_")),
+            ("cuBLAS", ("nvjet_", "sm90_xmma", "sm80_xmma", "cutlass", "ampere_", "gemm")))
 
 
 def family(name: str) -> str:
