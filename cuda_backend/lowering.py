@@ -99,9 +99,10 @@ def gemm_choices(backends: str):
     ATEN among them, ATen's mm (our runtime's cuBLAS shim) counts as a supported fallback kernel."""
     from executorch.backends.cuda.cuda_backend import CudaBackend
 
-    saved = {name: CudaBackend.__dict__[name] for name in ("get_aoti_compile_options", "get_supported_fallback_kernels")}
-    compile_options = saved["get_aoti_compile_options"].__func__
-    fallback_kernels = saved["get_supported_fallback_kernels"].__func__
+    from gdn_export.lowering import replaced_attribute
+
+    compile_options = CudaBackend.__dict__["get_aoti_compile_options"].__func__
+    fallback_kernels = CudaBackend.__dict__["get_supported_fallback_kernels"].__func__
 
     def with_gemm_backends(cls, compile_specs):
         return {**compile_options(cls, compile_specs), "max_autotune_gemm_backends": backends}
@@ -112,13 +113,9 @@ def gemm_choices(backends: str):
             kernels.update(dict.fromkeys(CUBLAS_SHIM_KERNELS))
         return kernels
 
-    CudaBackend.get_aoti_compile_options = classmethod(with_gemm_backends)
-    CudaBackend.get_supported_fallback_kernels = classmethod(with_cublas_shim)
-    try:
+    with replaced_attribute(CudaBackend, "get_aoti_compile_options", classmethod(with_gemm_backends)), \
+            replaced_attribute(CudaBackend, "get_supported_fallback_kernels", classmethod(with_cublas_shim)):
         yield
-    finally:
-        for name, method in saved.items():
-            setattr(CudaBackend, name, method)
 
 
 @contextlib.contextmanager

@@ -41,7 +41,7 @@ from torch.library import triton_op, wrap_triton
 
 from gdn_export.ops.attention import check_attention_inputs
 from gdn_export.ops.contract import CHUNKED_MIN_LENGTH, NAMESPACE, check_inputs, check_out_tensors
-from gdn_export.ops.fused import check_fused_inputs, num_key_heads, split_heads
+from gdn_export.ops.fused import check_fused_inputs, num_key_heads, num_key_heads_of, split_heads
 
 from cuda_backend.kernels import SUPPORTED_HEAD_DIMS
 from cuda_backend.kernels.attention import cached_attention_kernel, merge_spans_kernel
@@ -470,7 +470,7 @@ def prefill_gated_delta_net(
     check_prefill_gated_delta_net_inputs(projected, conv_state, conv_weight, positions, A_log, dt_bias, state)
     length, channels = projected.shape[1], conv_state.shape[1]
     num_v_heads, key_dim, value_dim = state.shape[1], state.shape[2], state.shape[3]
-    num_k_heads = (channels - num_v_heads * value_dim) // (2 * key_dim)
+    num_k_heads = num_key_heads_of(channels, state)
     like = dict(dtype=projected.dtype, device=projected.device)
     query = torch.empty(1, length, num_k_heads, key_dim, **like)
     key = torch.empty(1, length, num_k_heads, key_dim, **like)

@@ -33,6 +33,19 @@ def reporting_stages(report: Callable[[str], None]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def replaced_attribute(owner, name: str, value) -> Iterator[None]:
+    """``owner.name`` is ``value`` while open, and what it was afterwards: how a lowering changes one step of a
+    library (ExecuTorch's, Inductor's) for its own call only. A class's own entry is restored as it stood in the
+    class (a classmethod stays one)."""
+    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+@contextlib.contextmanager
 def aoti_int_arrays_declared_at_each_use() -> Iterator[None]:
     """While open, AOTInductor's C++ wrapper declares a fresh size/stride array wherever one is used.
 
@@ -56,11 +69,8 @@ def aoti_int_arrays_declared_at_each_use() -> Iterator[None]:
     def declared_at_each_use(self, int_array, writeline, known_statically=False, graph=None):
         return self._codegen_int_array_var_impl(int_array, writeline, known_statically)
 
-    CppWrapperCpu.codegen_int_array_var = declared_at_each_use
-    try:
+    with replaced_attribute(CppWrapperCpu, "codegen_int_array_var", declared_at_each_use):
         yield
-    finally:
-        CppWrapperCpu.codegen_int_array_var = cached
 
 
 def lower_programs(

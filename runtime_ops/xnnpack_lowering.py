@@ -43,23 +43,13 @@ and share the weights, as ExecuTorch's CUDA backend does in its low-memory mode.
 from __future__ import annotations
 
 import contextlib
-import copy
 from typing import Iterator
 
 import torch
 
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-@contextlib.contextmanager
-def _replaced(owner, name: str, value) -> Iterator[None]:
-    """``owner.name`` is ``value`` while open, and what it was afterwards."""
-    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, original)
-
+from gdn_export.lowering import replaced_attribute
 
 _BATCH_NORMS = ("aten.native_batch_norm.default", "aten._native_batch_norm_legit_no_training.default")
 
@@ -152,7 +142,7 @@ def functional_programs_kept(programs) -> Iterator[None]:
             return self
         return retrace(self, decomp_table, *args, **kwargs)
 
-    with _replaced(ExportedProgram, "run_decompositions", run_decompositions):
+    with replaced_attribute(ExportedProgram, "run_decompositions", run_decompositions):
         yield
 
 
@@ -211,7 +201,7 @@ def edge_passes_where_applicable() -> Iterator[None]:
         before, after = edge_passes(config)
         return [where_applicable(each) for each in before], after
 
-    with _replaced(program_module, "_get_aten_to_edge_passes", applicable_edge_passes):
+    with replaced_attribute(program_module, "_get_aten_to_edge_passes", applicable_edge_passes):
         yield
 
 
@@ -255,16 +245,16 @@ def unchanged_submodules_not_recompiled() -> Iterator[None]:
                 return None
             return recompile(self)
 
-        with _replaced(GraphModule, "_recompile_submodules", changed_submodules):
+        with replaced_attribute(GraphModule, "_recompile_submodules", changed_submodules):
             try:
-                with _replaced(GraphModule, "recompile", later_for_the_method):
+                with replaced_attribute(GraphModule, "recompile", later_for_the_method):
                     return create_partitions(method, *args, **kwargs)
             finally:
                 if deferred:
                     method.recompile()
                 compiled.clear()
 
-    with _replaced(backend_api, "_create_partitions_in_graph_module", creating_partitions):
+    with replaced_attribute(backend_api, "_create_partitions_in_graph_module", creating_partitions):
         yield
 
 
@@ -328,7 +318,7 @@ def only_applicable_passes() -> Iterator[None]:
             if not passes:  # an explicit list (a compile spec's) is the caller's choice: keep it
                 self.passes = applicable_passes(self.passes, op_names(exported_program), exported_program.graph_module)
 
-    with _replaced(preprocess, "XNNPACKPassManager", ApplicablePassManager):
+    with replaced_attribute(preprocess, "XNNPACKPassManager", ApplicablePassManager):
         yield
 
 

@@ -42,7 +42,11 @@ FUSED_OUT_SCHEMA = f"fused_gated_delta_rule.out({_ARGS}, Tensor(b!) output) -> T
 
 def num_key_heads(mixed_qkv: torch.Tensor, state: torch.Tensor) -> int:
     """Hk of mixed_qkv [B, T, 2*Hk*Dk + Hv*Dv] (Hv, Dk, Dv from state); raises on an impossible channel count."""
-    channels = mixed_qkv.shape[-1]
+    return num_key_heads_of(mixed_qkv.shape[-1], state)
+
+
+def num_key_heads_of(channels: int, state: torch.Tensor) -> int:
+    """Hk of a layer whose q, k and v channels number ``channels`` = 2*Hk*Dk + Hv*Dv (Hv, Dk, Dv from state)."""
     num_v_heads, key_dim, value_dim = state.shape[1], state.shape[2], state.shape[3]
     key_channels = channels - num_v_heads * value_dim
     if key_channels <= 0 or key_channels % (2 * key_dim) != 0:
