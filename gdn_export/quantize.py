@@ -11,8 +11,12 @@
 * ``8da8w``: the same with int8 weights, one scale per output channel: the
   8-bit program, on XNNPACK's int8 kernels.
 * ``int8wo``: int8 weights with one scale per output channel, activations in
-  float. Like ExecuTorch's own ``int8`` scheme, the program widens the weight
-  to float at each call: the file is about 4x smaller, decode is not faster.
+  float (torchao's ``IntxWeightOnlyConfig`` per row, the table's format). On
+  XNNPACK these linears run on its float-activation int8-weight kernels
+  (``runtime_ops.xnnpack_weight_only``): the program reads int8 weights and
+  loses none of the activations' precision, the 8-bit program of the least
+  KL. Elsewhere (``portable``) the program widens each weight to float at
+  each call (``Int8WeightOnlyLinear``).
 
 Every mode also quantizes the token embedding, weight-only, in 8 bits, one
 scale a row (torchao's ``IntxWeightOnlyConfig``): on XNNPACK the lookup goes to
@@ -43,6 +47,8 @@ model.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,19 +70,41 @@ INT8_ROWS_BLOCK_ELEMENTS = 1 << 24
 
 
 class Int8WeightOnlyLinear(nn.Module):
-    """``y = (x @ q^T) * scale`` with ``q = round(w / scale)`` in int8 and ``scale = max|w_row| / 127``."""
+    """``y = (x @ q^T) * scale``: an ``int8wo`` linear's int8 rows ``q`` and scales, in the form a program
+    without a weight-only kernel runs (the weight widened to float at each call)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: Optional[torch.Tensor]):
         super().__init__()
-        weight = linear.weight.detach().float()
-        scale = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127.0
-        self.register_buffer("weight", torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8))
-        self.register_buffer("scale", scale.to(linear.weight.dtype))
-        self.bias = linear.bias
+        self.register_buffer("weight", weight)
+        self.register_buffer("scale", scale)
+        self.bias = bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         output = F.linear(x, self.weight.to(x.dtype)) * self.scale
         return output if self.bias is None else output + self.bias
+
+
+def is_weight_only(module: nn.Module) -> bool:
+    """Whether ``module`` is a linear with ``int8wo``'s weight (int8 rows, activations left in float)."""
+    from torchao.quantization import IntxUnpackedToInt8Tensor
+
+    weight = getattr(module, "weight", None)
+    return (isinstance(module, nn.Linear) and type(weight) is IntxUnpackedToInt8Tensor
+            and weight.activation_quantization is None and weight.target_dtype == torch.int8)
+
+
+def widen_weight_only_linears(model: nn.Module) -> int:
+    """Replace each ``int8wo`` linear of ``model`` by an ``Int8WeightOnlyLinear`` on the same int8 rows and
+    scales (symmetric: ``int8_rows`` makes no zero points); returns how many."""
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if is_weight_only(child):
+                weight = child.weight
+                scale = weight.scale.reshape(-1).to(weight.dtype)
+                setattr(parent, name, Int8WeightOnlyLinear(weight.qdata, scale, child.bias))
+                replaced += 1
+    return replaced
 
 
 def _granularity(features: int):
@@ -119,17 +147,19 @@ def _fit_int4_block(weight: torch.Tensor, group_size: int) -> torch.Tensor:
     rows, columns = weight.shape
     groups = weight.detach().float().reshape(rows, columns // group_size, group_size)
     largest = groups.abs().amax(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+    levels = torch.empty_like(groups)  # each rounding is written here, in place (the same values, fewer temporaries)
     best_error = best_scale = None
     for divisor in INT4_SCALE_DIVISORS:
         scale = largest / divisor
         for _ in range(2):
-            levels = torch.round(groups / scale[..., None]).clamp(-8, 7)
+            torch.div(groups, scale[..., None], out=levels).round_().clamp_(-8, 7)
             energy = (levels * levels).sum(dim=-1)
             fitted = (groups * levels).sum(dim=-1) / energy.clamp_min(1.0)
             # An all-zero rounding or a non-positive fit keeps the scale it had.
             scale = torch.where((energy > 0) & (fitted > 0), fitted, scale)
-        levels = torch.round(groups / scale[..., None]).clamp(-8, 7)
-        error = ((groups - levels * scale[..., None]) ** 2).sum(dim=-1)
+        torch.div(groups, scale[..., None], out=levels).round_().clamp_(-8, 7)
+        residual = levels.mul_(scale[..., None]).sub_(groups)
+        error = (residual * residual).sum(dim=-1)
         if best_error is None:
             best_error, best_scale = error, scale
         else:
@@ -143,17 +173,14 @@ def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:
     the model, quantized for a program of ``mode``.
 
     Linears and embeddings are quantized in place (their weight becomes a torchao
-    quantized tensor); ``int8wo`` linears are replaced (the returned module). A
-    4-bit layer whose width no group size tiles stays in float. The vocabulary's
-    modules (``VOCABULARY_MODULES``) are found by ``name``.
+    quantized tensor). A 4-bit layer whose width no group size tiles stays in
+    float. The vocabulary's modules (``VOCABULARY_MODULES``) are found by ``name``.
     """
     if mode not in MODES:
         raise ValueError(f"quantize mode must be one of {', '.join(MODES)}, got {mode!r}")
     mode = module_mode(name, mode)
     if mode == "none" or not isinstance(module, (nn.Linear, nn.Embedding)):
         return module
-    if mode == "int8wo" and isinstance(module, nn.Linear):
-        return Int8WeightOnlyLinear(module)
     from torchao.quantization import IntxUnpackedToInt8Tensor
 
     if mode == "8da4w" and isinstance(module, nn.Linear):
@@ -170,7 +197,7 @@ def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:
             ), requires_grad=False)
         return module
     # The tied head's bytes must equal the table's (stored once): both take the plain max-abs scale.
-    activations = None if isinstance(module, nn.Embedding) else "int8_asym_per_token"
+    activations = None if isinstance(module, nn.Embedding) or mode == "int8wo" else "int8_asym_per_token"
     with torch.no_grad():
         module.weight = nn.Parameter(int8_rows(module.weight.detach(), activations), requires_grad=False)
     return module

@@ -3,7 +3,7 @@
 Both give each Gated DeltaNet layer ``gdn::gated_delta_rule_inplace`` and each
 float32 full-attention layer ``gdn::cached_attention``, whose kernels this
 package builds and ``import gdn_export`` loads (the ``gdn_export.kernels``
-entry point). XNNPACK also takes the linear layers (float, 8da4w, 8da8w and int8)
+entry point). XNNPACK also takes the linear layers (float, 8da4w, 8da8w and int8wo)
 into its delegate; portable leaves every op to ExecuTorch's portable kernels.
 Quantized embeddings run on ExecuTorch's ``quantized_decomposed`` kernels in both.
 """
@@ -73,16 +73,20 @@ class XnnpackBackend(CpuBackend):
             raise RuntimeUnavailable(str(error)) from None
 
     def finish_rewrite(self, model: nn.Module) -> None:
-        """The norms' means in the form XNNPACK delegates (``runtime_ops.norms``): fewer, larger partitions."""
+        """The norms' means in the form XNNPACK delegates (``runtime_ops.norms``): fewer, larger partitions; int8wo's
+        biases added after their linears, which XNNPACK then takes (``runtime_ops.xnnpack_weight_only``)."""
         from runtime_ops.norms import pool_norm_means
+        from runtime_ops.xnnpack_weight_only import biases_added_after
 
         pool_norm_means(model)
+        biases_added_after(model)
 
     def lower(self, programs: dict, metadata: dict):
         from runtime_ops.xnnpack_lowering import (
             decomposed_once,
             edge_passes_where_applicable,
             functional_programs_kept,
+            merges_checked_on_sets,
             only_applicable_passes,
             preprocess_sharing_weights,
             unchanged_submodules_not_recompiled,
@@ -90,19 +94,22 @@ class XnnpackBackend(CpuBackend):
 
         # Each skips work that changes nothing in our programs (runtime_ops/xnnpack_lowering.py): XNNPACK's
         # passes for ops our partitions never hold, a copy of every weight for them, a re-trace only to make
-        # forward functional, edge passes with nothing to rewrite, and the method's code regenerated after each
-        # of its partitions. Together they took the 0.8B 8da4w export from 272 s to 118 s, same bytes.
+        # forward functional, edge passes with nothing to rewrite, the method's code regenerated after each
+        # of its partitions, and merge checks walked node by node. With the export's collector thresholds
+        # (gdn_export.export) they took the 0.8B 8da4w export from 272 s to about 100 s, same bytes.
         decomposed = decomposed_once(programs, self.partitioners)
         ready = [program for name, program in decomposed.items() if program is not programs[name]]
         with only_applicable_passes(), preprocess_sharing_weights(), functional_programs_kept(ready), \
-                edge_passes_where_applicable(), unchanged_submodules_not_recompiled():
+                edge_passes_where_applicable(), unchanged_submodules_not_recompiled(), merges_checked_on_sets():
             return super().lower(decomposed, metadata)
 
     def partitioners(self, method: str) -> list:
         from runtime_ops.xnnpack_lowering import OneDecompositionXnnpackPartitioner
+        from runtime_ops.xnnpack_weight_only import CONFIGS
 
-        # The state methods only copy buffers: ExecuTorch's portable kernels do that.
-        return [] if method in STATE_METHODS else [OneDecompositionXnnpackPartitioner()]
+        # The state methods only copy buffers: ExecuTorch's portable kernels do that. XNNPACK's configs take
+        # int8wo's linears too (runtime_ops/xnnpack_weight_only.py).
+        return [] if method in STATE_METHODS else [OneDecompositionXnnpackPartitioner(configs=CONFIGS)]
 
     def edge_partitioners(self, method: str) -> list:
         from runtime_ops.embedding_delegate import GdnEmbeddingPartitioner
@@ -115,6 +122,12 @@ class PortableBackend(CpuBackend):
     name = "portable"
     summary = "CPU: ExecuTorch's portable kernels and ours, no delegate"
     quantizations = ("none", "int8wo")
+
+    def finish_rewrite(self, model: nn.Module) -> None:
+        """int8wo's linears in the form the portable kernels run: the weight widened at each call."""
+        from gdn_export.quantize import widen_weight_only_linears
+
+        widen_weight_only_linears(model)
 
 
 XNNPACK = XnnpackBackend()

@@ -251,7 +251,7 @@ def quantized_bytes(model, quantize):
     return stored, floats
 
 
-@pytest.mark.parametrize("quantize", ["8da4w", "8da8w"])
+@pytest.mark.parametrize("quantize", ["8da4w", "8da8w", "int8wo"])
 def test_quantized_program_holds_quantized_embedding_and_head(exported, quantize):
     """The program shrinks by what quantizing every linear, the output head and the embedding saves, no less."""
     from gdn_export import load_qwen35
@@ -269,7 +269,7 @@ def test_quantized_program_holds_quantized_embedding_and_head(exported, quantize
     assert saved >= expected_saving - 0.05 * floats
 
 
-@pytest.mark.parametrize("quantize", ["8da8w", "8da4w"])
+@pytest.mark.parametrize("quantize", ["8da8w", "8da4w", "int8wo"])
 def test_tied_8bit_table_is_stored_once(exported, generator, quantize):
     """The tied table (int8 rows, one fp32 scale each; 8 bits in the 4-bit program too) serves the embedding
     and the head from one copy.
