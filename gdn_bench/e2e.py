@@ -475,16 +475,26 @@ def open_session(system: str, artifact: str):
     return ProgramRunner(artifact)
 
 
+def use_threads(system: str, threads: int) -> None:
+    """Every system computes on ``threads`` threads: transformers on PyTorch's intra-op pool, the programs on
+    ExecuTorch's (XNNPACK's and our kernels'). A program's process keeps PyTorch, which only picks the next
+    token there, to one thread, as gdn-run does (``gdn_export.runner.leave_the_cores_to_programs``)."""
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+    from gdn_export.runner import leave_the_cores_to_programs
+
+    _unsafe_reset_threadpool(threads)
+    if system == "hf":
+        torch.set_num_threads(threads)
+    else:
+        leave_the_cores_to_programs()
+
+
 def measure(system: str, artifact: str, plan: Plan) -> dict:
     """Load one system and time it (runs in a fresh interpreter)."""
     # The machine is shared: the 1-minute load average says how quiet it was.
     load_before = os.getloadavg()[0]
-    # Every system gets the same number of threads: PyTorch's intra-op pool and
-    # ExecuTorch's (XNNPACK's and the custom kernels') pool.
-    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
-
-    torch.set_num_threads(plan.threads)
-    _unsafe_reset_threadpool(plan.threads)
+    use_threads(system, plan.threads)
     started = time.perf_counter()
     session = open_session(system, artifact)
     load_seconds = time.perf_counter() - started
@@ -679,11 +689,8 @@ def time_prompt_cache(artifact: str, plan: CachePlan, cache_path: str) -> dict:
 
 def measure_prompt_cache(artifact: str, plan: CachePlan, cache_path: str) -> dict:
     """``time_prompt_cache`` with the plan's threads (runs in a fresh interpreter)."""
-    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
-
     load_before = os.getloadavg()[0]
-    torch.set_num_threads(plan.threads)
-    _unsafe_reset_threadpool(plan.threads)
+    use_threads("ours", plan.threads)
     timings = time_prompt_cache(artifact, plan, cache_path)
     return {**timings, "threads": plan.threads, "load_average": [load_before, os.getloadavg()[0]]}
 
@@ -733,10 +740,7 @@ def run_prompt_cache(args, workdir: Workdir) -> int:
 
 def decode_turns(system: str, artifact: str, plan: Plan, connection) -> None:
     """Child: load, prefill the first prompt, then run the decode steps each turn asks for and send their times."""
-    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
-
-    torch.set_num_threads(plan.threads)
-    _unsafe_reset_threadpool(plan.threads)
+    use_threads(system, plan.threads)
     session = open_session(system, artifact)
     generator = torch.Generator().manual_seed(plan.seed)
     session.reset()

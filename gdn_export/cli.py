@@ -202,6 +202,7 @@ def run_main(argv=None) -> int:
     def body(console: TextIO) -> int:
         from gdn_export import runner
 
+        runner.leave_the_cores_to_programs()
         try:
             tokenizer = runner.load_tokenizer(args.tokenizer)
             program = runner.ProgramRunner(args.model, data_path=args.data)

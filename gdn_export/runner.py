@@ -202,6 +202,19 @@ def _load_delegate_runtimes(model_path: Path, Runtime) -> None:
             raise RunnerError(f"--model {model_path} runs on {backend.name}: {error}") from None
 
 
+def leave_the_cores_to_programs() -> None:
+    """Give PyTorch's own intra-op pool one thread, in a process whose heavy work runs in ExecuTorch programs.
+
+    A program computes on ExecuTorch's threadpool; PyTorch only samples between
+    its calls. But each PyTorch op over a whole vocabulary (an argmax of 248,320
+    logits) wakes PyTorch's OpenMP workers, which then spin waiting for more
+    work while the next decode step runs, taking a core from ExecuTorch's
+    threads: on 2 cores, 15% of a decode loop's samples were an OpenMP worker
+    spinning, and the 0.8B 8da4w program decoded 54 tok/s where it decodes 60
+    with this (docs/benchmarks.md, run 12)."""
+    torch.set_num_threads(1)
+
+
 @dataclass
 class Generation:
     prompt_tokens: list
