@@ -211,7 +211,7 @@ def leave_the_cores_to_programs() -> None:
     work while the next decode step runs, taking a core from ExecuTorch's
     threads: on 2 cores, 15% of a decode loop's samples were an OpenMP worker
     spinning, and the 0.8B 8da4w program decoded 54 tok/s where it decodes 60
-    with this (docs/benchmarks.md, run 12)."""
+    with this (docs/benchmarks.md, "Runs 12 and 13")."""
     torch.set_num_threads(1)
 
 
