@@ -36,13 +36,17 @@ def reporting_stages(report: Callable[[str], None]) -> Iterator[None]:
 def replaced_attribute(owner, name: str, value) -> Iterator[None]:
     """``owner.name`` is ``value`` while open, and what it was afterwards: how a lowering changes one step of a
     library (ExecuTorch's, Inductor's) for its own call only. A class's own entry is restored as it stood in the
-    class (a classmethod stays one)."""
-    original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    class (a classmethod stays one); one the class inherited is removed again, so the base's shows through."""
+    inherited = isinstance(owner, type) and name not in owner.__dict__
+    original = None if inherited else owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
     setattr(owner, name, value)
     try:
         yield
     finally:
-        setattr(owner, name, original)
+        if inherited:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, original)
 
 
 @contextlib.contextmanager

@@ -246,9 +246,6 @@ def quantize_model(model: nn.Module, mode: str) -> nn.Module:
     """Quantize ``model``'s linears and embeddings in place (``mode`` one of ``MODES``); returns it."""
     if mode not in MODES:
         raise ValueError(f"quantize mode must be one of {', '.join(MODES)}, got {mode!r}")
-    for parent_name, parent in list(model.named_modules()):
-        for name, child in list(parent.named_children()):
-            replaced = quantize_module(child, mode, f"{parent_name}.{name}" if parent_name else name)
-            if replaced is not child:
-                setattr(parent, name, replaced)
+    for name, module in list(model.named_modules()):
+        quantize_module(module, mode, name)
     return model

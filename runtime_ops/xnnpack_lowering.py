@@ -26,7 +26,6 @@ backend offers):
   rewrites, read off its source; a partition holding none of them skips it, and ``PASS_APPLIES`` gives two
   more passes a check of what they work on. A pass named in neither always runs, so one that a newer
   ExecuTorch adds is never skipped silently.
-
 * ``merges_checked_on_sets``. XNNPACK's partitioner asks, for each pair of partitions it might merge,
   whether a node outside both leads back into them, one node of a downstream set at a time; asked as a set
   intersection, the same answer costs a fraction.
@@ -94,8 +93,8 @@ def decomposed_once(programs: dict, partitioners) -> dict:
 
     What ``to_edge_transform_and_lower`` then does with such a method: its functionalizing re-trace is skipped
     (``functional_programs_kept``); if the partitioner checks no node, the table has nothing left to decompose, and
-    the method is decomposed once where it was twice; if it does check nodes (int8wo's linears fail XNNPACK's
-    check), ExecuTorch's two decompositions follow as before, on a program they leave as they would have made it.
+    the method is decomposed once where it was twice; if it does check nodes (a node it refuses, such as a
+    float64 linear), ExecuTorch's two decompositions follow as before, on a program they leave as they would have made it.
     The partitioner's check is not asked here: on the program as ``torch.export`` traced it, before
     functionalization, XNNPACK refuses every linear that it takes afterwards."""
     from executorch.exir.program._program import _default_decomposition_table
@@ -356,13 +355,6 @@ def preprocess_sharing_weights() -> Iterator[None]:
 
     from gdn_export.lowering import copy_sharing_weights
 
-    own = XnnpackBackend.__dict__.get("copy_exported_program_for_preprocess")  # None: BackendDetails'
-    XnnpackBackend.copy_exported_program_for_preprocess = classmethod(
-        lambda cls, edge_program, compile_specs: copy_sharing_weights(edge_program))
-    try:
+    sharing = classmethod(lambda cls, edge_program, compile_specs: copy_sharing_weights(edge_program))
+    with replaced_attribute(XnnpackBackend, "copy_exported_program_for_preprocess", sharing):
         yield
-    finally:
-        if own is None:
-            del XnnpackBackend.copy_exported_program_for_preprocess
-        else:
-            XnnpackBackend.copy_exported_program_for_preprocess = own
