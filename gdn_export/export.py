@@ -37,7 +37,7 @@ from gdn_export.backends import Backend, backend_names, default_backend, get_bac
 from gdn_export.checkpoint import Checkpoint, read_checkpoint
 from gdn_export.lowering import reporting_stages, write_program
 from gdn_export.quantize import MODES as QUANTIZATIONS
-from gdn_export.quantize import quantize_module, share_tied_vocabulary
+from gdn_export.quantize import Quantizer, share_tied_vocabulary
 from gdn_export.state_methods import STATE_METHODS, state_metadata
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -260,8 +260,7 @@ def export_qwen35(
                                                        prefill_chunk=request.prefill_chunk)
         quantizing = f", quantizing each layer as it is read ({request.quantize})" if request.quantize != "none" else ""
         step(f"loading {request.checkpoint.folder}{quantizing}")
-        quantizer = None if request.quantize == "none" else (
-            lambda name, module: quantize_module(module, request.quantize, name))
+        quantizer = None if request.quantize == "none" else Quantizer(request.quantize)
         model = loading.load_model(request.checkpoint, dtype=request.dtype, max_seq_len=request.max_seq_len,
                                    transform=quantizer)
         share_tied_vocabulary(model)  # a tied 8-bit table and head: held once from here on

@@ -5,9 +5,10 @@
   ``Int8DynamicActivationIntxWeightConfig``, with the group of llama.cpp's
   Q4_0), each group's scale the one of least squared error
   (``fit_int4_scales``) rather than taken from the group's largest weight;
-  XNNPACK runs these linears with its own quantized kernels. The token table,
-  the output head and the Gated DeltaNet's gate projections keep 8 bits, as
-  in ``8da8w`` (see below).
+  XNNPACK runs these linears with its own quantized kernels. The Gated
+  DeltaNet's gate projections keep 8 bits, as in ``8da8w`` (see below); the
+  token table is a two-plane table (``PlanesVocabulary``, below), which a tied
+  output head reads as 4-bit weights.
 * ``8da8w``: the same with int8 weights, one scale per output channel: the
   8-bit program, on XNNPACK's int8 kernels.
 * ``int8wo``: int8 weights with one scale per output channel, activations in
@@ -18,7 +19,7 @@
   KL. Elsewhere (``portable``) the program widens each weight to float at
   each call (``Int8WeightOnlyLinear``).
 
-Every mode also quantizes the token embedding, weight-only, in 8 bits, one
+The other modes quantize the token embedding, weight-only, in 8 bits, one
 scale a row (torchao's ``IntxWeightOnlyConfig``): on XNNPACK the lookup goes to
 our ``GdnEmbeddingBackend`` delegate (``runtime_ops.embedding_delegate``;
 ExecuTorch's ``embedding_byte`` elsewhere). A tied output head is a linear like
@@ -32,17 +33,25 @@ next-token distribution from fp32, 512 tokens, at llama.cpp's scored
 positions) 4-bit groups of 32 everywhere gave 0.227, the same with an 8-bit
 table and head 0.184, with torchao's HQQ scales 0.1725, with least-squares
 scales 0.1648, and with the gate projections in 8 bits too 0.1643
-(llama.cpp's Q4_0 file, whose tied table is Q6_K: 0.1652). A 4-bit table
-would also be stored twice: XNNPACK packs 4-bit weights in a layout that no
-embedding kernel reads, so the 8-bit table costs no more bytes than two 4-bit
-copies did. The gate projections (``in_proj_a``, ``in_proj_b``: one output per
-value head) are 0.1% of the weights; their outputs set each head's decay and
-write strength, so an error in one moves that head's whole state.
+(llama.cpp's Q4_0 file, whose tied table is Q6_K: 0.1652). The gate
+projections (``in_proj_a``, ``in_proj_b``: one output per value head) are 0.1%
+of the weights; their outputs set each head's decay and write strength, so an
+error in one moves that head's whole state.
 
-``quantize_module`` quantizes one module in place, so the loader can quantize
-each layer as soon as its weights are read (``gdn_export.loading``) and the
-float weights never all sit in memory at once; ``quantize_model`` does a whole
-model.
+Why the table is a two-plane table in ``8da4w``
+(``gdn_export.ops.vocabulary_planes``): the output head is the largest read of
+a decode step, and it needs fewer bits than the lookup. The table's 8-bit codes
+(a unit per group of 32) are stored as two 4-bit planes; the lookup reads both,
+a tied head only the high one, as 4-bit weights, on our own kernels. The head
+then streams 127 MB a token instead of 254, the file holds the table once, and
+the KL fell to 0.1638 (the lookup's unit per group gains more than the head's
+4 bits lose; the same planes with groups of 64 scored 0.1652). An untied head
+keeps its own 8-bit rows.
+
+``quantize_module`` quantizes one module, so the loader can quantize each
+layer as soon as its weights are read (``gdn_export.loading``, through a
+``Quantizer``) and the float weights never all sit in memory at once;
+``quantize_model`` does a whole model.
 """
 
 from __future__ import annotations
@@ -57,7 +66,8 @@ MODES = ("none", "8da4w", "8da8w", "int8wo")
 # Group sizes of 4-bit weights, the preferred first: 32 is llama.cpp's Q4_0 block (ExecuTorch's llama
 # export defaults to 128, which measured 0.258 against 0.226 mean KL with everything else equal).
 GROUP_SIZES_4BIT = (32, 64, 128)
-# The modules of the vocabulary (``Qwen35ForCausalLM``'s names): quantized in 8 bits in every mode.
+# The modules of the vocabulary (``Qwen35ForCausalLM``'s names): 8 bits in every mode (in 8da4w, a tied
+# head reads the high 4 bits of the table's codes: ``PlanesHead``).
 VOCABULARY_MODULES = ("embed_tokens", "lm_head")
 # Modules that keep 8 bits in 8da4w besides the vocabulary's: the Gated DeltaNet's per-head gate projections.
 EIGHT_BIT_MODULES = VOCABULARY_MODULES + ("in_proj_a", "in_proj_b")
@@ -67,6 +77,75 @@ INT4_SCALE_DIVISORS = tuple(6.0 + 0.25 * step for step in range(13))  # 6.0 to 9
 FIT_BLOCK_ELEMENTS = 1 << 19
 # int8_rows works on blocks of rows of about this many weights (64 MiB in fp32).
 INT8_ROWS_BLOCK_ELEMENTS = 1 << 24
+
+
+class PlanesVocabulary(nn.Module):
+    """A token table as two 4-bit planes of 8-bit codes (``gdn_export.ops.vocabulary_planes``), the buffers
+    that ``PlanesEmbedding`` and a tied ``PlanesHead`` share."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        from gdn_export.ops.vocabulary_planes import to_vocabulary_planes
+
+        for name, tensor in zip(("high", "low", "row_units", "group_units"), to_vocabulary_planes(weight.detach())):
+            self.register_buffer(name, tensor)
+
+
+def _planes_fit(weight: torch.Tensor) -> bool:
+    """Whether a table's width suits the planes' layout (runs of 64 weights)."""
+    return weight.dim() == 2 and weight.shape[1] % 64 == 0
+
+
+class PlanesEmbedding(nn.Module):
+    """The token lookup of a ``PlanesVocabulary`` (8 bits)."""
+
+    def __init__(self, vocabulary: PlanesVocabulary):
+        super().__init__()
+        self.vocabulary = vocabulary
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        v = self.vocabulary
+        return torch.ops.gdn.planes_embedding(tokens, v.high, v.low, v.row_units, v.group_units)
+
+
+class PlanesHead(nn.Module):
+    """The output head on a tied ``PlanesEmbedding``'s table, reading its high plane (4 bits).
+
+    The head refers to the table without registering it as a submodule: the model's buffers then name each
+    plane once (as ``embed_tokens.vocabulary.*``) and ``torch.export`` lifts one constant of each, which
+    both ops read."""
+
+    def __init__(self, vocabulary: PlanesVocabulary):
+        super().__init__()
+        object.__setattr__(self, "vocabulary", vocabulary)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        v = self.vocabulary
+        return torch.ops.gdn.planes_logits(x.float(), v.high, v.row_units, v.group_units)
+
+
+class Quantizer:
+    """``quantize_module`` for each module of one model, called in the loader's order
+    (``gdn_export.loading.load_model``'s ``transform``): in ``8da4w`` the head of a tied table, which comes
+    right after the table with the same float weight, gets the table's planes instead of planes of its own."""
+
+    def __init__(self, mode: str):
+        if mode not in MODES:
+            raise ValueError(f"quantize mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode = mode
+        self._planes = None  # (a weak reference to the float table, its PlanesVocabulary)
+
+    def __call__(self, name: str, module: nn.Module) -> nn.Module:
+        import weakref
+
+        if (self.mode == "8da4w" and isinstance(module, nn.Linear) and name.rpartition(".")[2] == "lm_head"
+                and self._planes is not None and self._planes[0]() is module.weight):
+            return PlanesHead(self._planes[1])
+        table = getattr(module, "weight", None)
+        replacement = quantize_module(module, self.mode, name)
+        if isinstance(replacement, PlanesEmbedding):
+            self._planes = (weakref.ref(table), replacement.vocabulary)
+        return replacement
 
 
 class Int8WeightOnlyLinear(nn.Module):
@@ -173,11 +252,15 @@ def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:
     the model, quantized for a program of ``mode``.
 
     Linears and embeddings are quantized in place (their weight becomes a torchao
-    quantized tensor). A 4-bit layer whose width no group size tiles stays in
+    quantized tensor), but for ``8da4w``'s embedding, which is replaced by a
+    ``PlanesEmbedding`` (a tied head's ``PlanesHead`` comes from ``Quantizer``,
+    which sees the tie). A 4-bit layer whose width no group size tiles stays in
     float. The vocabulary's modules (``VOCABULARY_MODULES``) are found by ``name``.
     """
     if mode not in MODES:
         raise ValueError(f"quantize mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "8da4w" and isinstance(module, nn.Embedding) and _planes_fit(module.weight):
+        return PlanesEmbedding(PlanesVocabulary(module.weight))
     mode = module_mode(name, mode)
     if mode == "none" or not isinstance(module, (nn.Linear, nn.Embedding)):
         return module
@@ -229,7 +312,7 @@ def share_tied_vocabulary(model: nn.Module) -> bool:
     on the 0.8B shape) through the rest of the export. Returns whether it did."""
     from torchao.quantization import IntxUnpackedToInt8Tensor
 
-    table, head = model.embed_tokens.weight, model.lm_head.weight
+    table, head = getattr(model.embed_tokens, "weight", None), getattr(model.lm_head, "weight", None)
     if not (model.config.tie_word_embeddings and type(table) is IntxUnpackedToInt8Tensor
             and type(head) is IntxUnpackedToInt8Tensor):
         return False
@@ -243,9 +326,11 @@ def share_tied_vocabulary(model: nn.Module) -> bool:
 
 
 def quantize_model(model: nn.Module, mode: str) -> nn.Module:
-    """Quantize ``model``'s linears and embeddings in place (``mode`` one of ``MODES``); returns it."""
-    if mode not in MODES:
-        raise ValueError(f"quantize mode must be one of {', '.join(MODES)}, got {mode!r}")
+    """Quantize ``model``'s linears and embeddings (``mode`` one of ``MODES``); returns it."""
+    quantizer = Quantizer(mode)
     for name, module in list(model.named_modules()):
-        quantize_module(module, mode, name)
+        replacement = quantizer(name, module)
+        if replacement is not module:
+            parent, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(parent), leaf, replacement)
     return model

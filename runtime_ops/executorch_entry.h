@@ -1,7 +1,7 @@
 // What the ExecuTorch entries of the gdn kernels (executorch_kernel.cpp,
-// executorch_attention_kernel.cpp) share: the ExecuTorch names they use, the
-// core routines' parallel loop on ExecuTorch's thread pool, and the ops'
-// default scale. Included by those two files only.
+// executorch_attention_kernel.cpp, executorch_planes_kernel.cpp) share: the
+// ExecuTorch names they use, the core routines' parallel loop on ExecuTorch's
+// thread pool, and the ops' default scale. Included by those files only.
 #pragma once
 
 #include <executorch/runtime/kernel/kernel_includes.h>

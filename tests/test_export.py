@@ -273,10 +273,9 @@ def test_quantized_program_holds_quantized_embedding_and_head(exported, quantize
     assert saved >= expected_saving - 0.05 * floats
 
 
-@pytest.mark.parametrize("quantize", ["8da8w", "8da4w", "int8wo"])
+@pytest.mark.parametrize("quantize", ["8da8w", "int8wo"])
 def test_tied_8bit_table_is_stored_once(exported, generator, quantize):
-    """The tied table (int8 rows, one fp32 scale each; 8 bits in the 4-bit program too) serves the embedding
-    and the head from one copy.
+    """The tied table (int8 rows, one fp32 scale each) serves the embedding and the head from one copy.
 
     The table's bytes, computed from the eager quantized model, occur once in the file (twice before the
     embedding read XNNPACK's copy); the lookup runs in our GdnEmbeddingBackend delegate, which refuses a token
@@ -298,6 +297,29 @@ def test_tied_8bit_table_is_stored_once(exported, generator, quantize):
     # One token past the table.
     forward = executorch_runtime().get().load_program(str(path)).load_method("forward")
     tokens = fresh_prompt(3, generator) + [embedding.shape[0]]
+    with pytest.raises(RuntimeError):
+        forward.execute([torch.tensor([tokens]), torch.tensor([0])])
+
+
+def test_tied_4bit_program_reads_one_two_plane_table(exported, generator):
+    """The 8da4w program's tied table is one two-plane table (gdn_export.ops.vocabulary_planes): each plane's
+    bytes, computed from the eager quantized model, occur once in the file, our two ops read them (no
+    delegate holds a copy of the table), and a token outside the table is refused, not read."""
+    from gdn_export import load_qwen35
+    from gdn_export.quantize import PlanesEmbedding, quantize_model
+    from gdn_export.runner import executorch_runtime, program_delegate_ids
+
+    model = quantize_model(load_qwen35(exported.checkpoint("tied"), max_seq_len=128), "8da4w")
+    assert isinstance(model.embed_tokens, PlanesEmbedding)
+    vocabulary = model.embed_tokens.vocabulary
+    path = exported.program("tied", quantize="8da4w")
+    program = path.read_bytes()
+    for name in ("high", "low", "group_units"):
+        assert program.count(getattr(vocabulary, name).numpy().tobytes()) == 1, name
+    assert "GdnEmbeddingBackend" not in program_delegate_ids(path)
+    rows = vocabulary.high.shape[0]
+    forward = executorch_runtime().get().load_program(str(path)).load_method("forward")
+    tokens = fresh_prompt(3, generator) + [rows]
     with pytest.raises(RuntimeError):
         forward.execute([torch.tensor([tokens]), torch.tensor([0])])
 

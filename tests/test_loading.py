@@ -248,16 +248,18 @@ def test_layers_are_transformed_as_they_are_read(tmp_path, seed):
 
     from gdn_export.checkpoint import read_checkpoint
     from gdn_export.loading import load_model
-    from gdn_export.quantize import EIGHT_BIT_MODULES, quantize_module
+    from gdn_export.ops.vocabulary_planes import head_weights, reference_planes_embedding
+    from gdn_export.quantize import EIGHT_BIT_MODULES, PlanesEmbedding, PlanesHead, Quantizer
 
     checkpoint = make_tiny_checkpoint(tmp_path / "tied", seed=seed, tie_word_embeddings=True)
     seen = []
+    quantizer = Quantizer("8da4w")
 
     def transform(name, module):
         # Every weight layer already handed over must have been quantized: none is float any more.
         still_float = [m for m in seen if type(m.weight) is nn.Parameter and type(m.weight.data) is torch.Tensor]
         assert not still_float, f"{len(still_float)} earlier layers still hold float weights"
-        quantized = quantize_module(module, "8da4w", name)
+        quantized = quantizer(name, module)
         if isinstance(quantized, (nn.Linear, nn.Embedding)):
             seen.append(quantized)
         return quantized
@@ -265,9 +267,22 @@ def test_layers_are_transformed_as_they_are_read(tmp_path, seed):
     model = load_model(read_checkpoint(checkpoint), dtype=torch.float32, max_seq_len=16, transform=transform)
     reference = dict(load_qwen35(checkpoint, max_seq_len=16).named_modules())
     layers = {name: m for name, m in model.named_modules() if isinstance(m, (nn.Linear, nn.Embedding))}
-    assert len(seen) == len(layers)  # the tied output head is quantized as a layer of its own
+    assert len(seen) == len(layers)
     assert {id(m) for m in seen} == {id(m) for m in layers.values()}
-    assert model.lm_head.weight is not model.embed_tokens.weight
+    # The tied table became one two-plane table that the head reads too.
+    assert isinstance(model.embed_tokens, PlanesEmbedding) and isinstance(model.lm_head, PlanesHead)
+    vocabulary = model.embed_tokens.vocabulary
+    assert model.lm_head.vocabulary is vocabulary
+    table = reference["embed_tokens"].weight
+    planes = (vocabulary.high, vocabulary.low, vocabulary.row_units, vocabulary.group_units)
+    lookup = reference_planes_embedding(torch.arange(table.shape[0]), *planes)
+    # 8 bits a weight, a unit per group of 32 no larger than the group's max / 127.5 plus the row's grid step.
+    group_max = table.abs().reshape(table.shape[0], -1, 32).amax(-1)
+    unit = (group_max / 127.5 + group_max.amax(-1, keepdim=True) / 127.5 / 255 * 1.01).repeat_interleave(32, dim=1)
+    assert ((lookup - table).abs() <= unit / 2 * 1.001 + 1e-7).all(), f"seed {seed}"
+    # The head's 4-bit weights: the middle of 16 codes, so within 8 units (and the rounding's half) of the weight.
+    assert ((head_weights(vocabulary.high, vocabulary.row_units, vocabulary.group_units) - table).abs()
+            <= 8.5 * unit * 1.001 + 1e-7).all(), f"seed {seed}"
     fitted = plain = 0.0
     for name, quantized in layers.items():
         expected = reference[name].weight
@@ -385,7 +400,8 @@ def test_int8_rows_in_blocks_are_torchaos_quantization(kind, seed, monkeypatch):
 
 
 def test_tied_vocabulary_is_held_once_and_exports_the_same_program(tmp_path, seed, monkeypatch):
-    """A tied 8da4w model's head rebuilt on the table's int8 tensors: the same logits, the same .pte bytes."""
+    """A tied 8da8w model's head rebuilt on the table's int8 tensors: the same logits, the same .pte bytes.
+    (8da4w's tied table is one two-plane table from the start: tests/test_vocabulary_planes.py.)"""
     import gdn_export.export as export
     from gdn_export import export_qwen35
     from gdn_export.checkpoint import read_checkpoint
@@ -394,7 +410,7 @@ def test_tied_vocabulary_is_held_once_and_exports_the_same_program(tmp_path, see
 
     folder = make_tiny_checkpoint(tmp_path / "tied", seed=seed, tie_word_embeddings=True)
     model = load_model(read_checkpoint(folder), dtype=torch.float32, max_seq_len=64,
-                       transform=lambda name, module: quantize_module(module, "8da4w", name))
+                       transform=lambda name, module: quantize_module(module, "8da8w", name))
     table, head = model.embed_tokens.weight, model.lm_head.weight
     assert head.qdata.data_ptr() != table.qdata.data_ptr()
     tokens = random_tokens(9, seed)
@@ -408,7 +424,7 @@ def test_tied_vocabulary_is_held_once_and_exports_the_same_program(tmp_path, see
     assert shared.activation_quantization == head.activation_quantization
     assert torch.equal(model(tokens, torch.tensor([0])), before), f"seed {seed}"
 
-    export_qwen35(folder, tmp_path / "shared.pte", quantize="8da4w")
+    export_qwen35(folder, tmp_path / "shared.pte", quantize="8da8w")
     monkeypatch.setattr(export, "share_tied_vocabulary", lambda model: False)
-    export_qwen35(folder, tmp_path / "apart.pte", quantize="8da4w")
+    export_qwen35(folder, tmp_path / "apart.pte", quantize="8da8w")
     assert (tmp_path / "shared.pte").read_bytes() == (tmp_path / "apart.pte").read_bytes(), f"seed {seed}"

@@ -1,12 +1,15 @@
 """The ``gdn`` ops: contract, reference and the conformance case table.
 
 Importing this package defines ``torch.ops.gdn.gated_delta_rule`` (and its
-``.out``, in-place and fused forms) and ``torch.ops.gdn.cached_attention``,
-each with its pure-PyTorch reference as the default implementation; backends
+``.out``, in-place and fused forms), ``torch.ops.gdn.cached_attention`` and the
+two-plane token table's ``planes_embedding`` and ``planes_logits``, each with its pure-PyTorch reference as the default implementation; backends
 register faster kernels for them.
 """
 
-from gdn_export.ops import attention, contract, fused, reference
+from gdn_export.ops import attention, contract, fused, reference, vocabulary_planes
 from gdn_export.ops.reference import chunked_gated_delta_rule, recurrent_gated_delta_rule
 
-__all__ = ["attention", "contract", "fused", "reference", "chunked_gated_delta_rule", "recurrent_gated_delta_rule"]
+__all__ = [
+    "attention", "contract", "fused", "reference", "vocabulary_planes", "chunked_gated_delta_rule",
+    "recurrent_gated_delta_rule",
+]
