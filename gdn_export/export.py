@@ -20,9 +20,6 @@ through ``gdn_export.lowering``), write the files into place atomically.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
-import functools
 import gc
 import os
 import tempfile
@@ -35,7 +32,13 @@ import torch
 
 from gdn_export.backends import Backend, backend_names, default_backend, get_backend
 from gdn_export.checkpoint import Checkpoint, read_checkpoint
-from gdn_export.lowering import reporting_stages, write_program
+from gdn_export.lowering import (  # noqa: F401  (_malloc_trim: the export's memory tests use it from here)
+    _malloc_trim,
+    reporting_stages,
+    return_freed_memory,
+    weights_freed_when_serialized,
+    write_program,
+)
 from gdn_export.quantize import MODES as QUANTIZATIONS
 from gdn_export.quantize import Quantizer, share_tied_vocabulary
 from gdn_export.state_methods import STATE_METHODS, state_metadata
@@ -159,16 +162,6 @@ def check_request(
     return ExportRequest(read, output, chosen, DTYPES[dtype], max_seq_len, quantize, prefill_chunk)
 
 
-@functools.lru_cache(maxsize=1)
-def _malloc_trim() -> Optional[Callable[[int], int]]:
-    """glibc's ``malloc_trim``, or None where the C library has none (macOS, musl)."""
-    library = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(library).malloc_trim if library else None
-    except (OSError, AttributeError):
-        return None
-
-
 # Python's cyclic collector while exporting: a young generation of 50,000 objects instead of 700 (see below).
 EXPORT_GC_THRESHOLDS = (50_000, 20, 100)
 
@@ -188,19 +181,6 @@ def collections_sized_for_graphs() -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*before)
-
-
-def return_freed_memory() -> None:
-    """Give the pages that the heap holds free back to the system, where the C library can.
-
-    Quantizing layer by layer frees each layer's float weights, but glibc keeps
-    most of what it freed mapped (blocks below its mmap threshold stay in the
-    heap), so the resident size after loading stays near its peak. Trimming at
-    each stage boundary lowers the base that ExecuTorch's lowering then grows from.
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
 
 
 def count_delegated_nodes(manager) -> tuple[int, int]:
@@ -274,7 +254,9 @@ def export_qwen35(
                            quantize=request.quantize, prefill_chunk=request.prefill_chunk)
             metadata.update(state_metadata(request.checkpoint, model, options))
         step(f"lowering for {request.backend.name}")
-        with reporting_stages(lambda stage: step(f"lowering: {stage}")):
+        # The model and its programs are this call's alone: the lowering may free each weight once its delegate
+        # has serialized its own copy (gdn_export.lowering.weights_freed_when_serialized).
+        with reporting_stages(lambda stage: step(f"lowering: {stage}")), weights_freed_when_serialized():
             manager = request.backend.lower(programs, metadata)
         step(f"writing {request.output}")
         data_files = write_program(manager, request.output)

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
+import ctypes.util
+import functools
 import os
 import shutil
 import tempfile
@@ -20,6 +23,53 @@ from typing import Callable, Iterator, Optional
 _stage_reporter: contextvars.ContextVar[Callable[[str], None]] = contextvars.ContextVar(
     "gdn_export_lowering_stages", default=lambda message: None
 )
+
+
+# Whether the lowering may free the weights that delegates have copied: set by the export, which owns the model.
+_freeing_weights: contextvars.ContextVar[bool] = contextvars.ContextVar("gdn_export_freeing_weights", default=False)
+
+
+@contextlib.contextmanager
+def weights_freed_when_serialized() -> Iterator[None]:
+    """While open, lowerings free the memory of each weight that only delegates use once they have copied it
+    (``free_delegated_weights``, ``runtime_ops.xnnpack_lowering.weights_freed_once_serialized``).
+
+    The weights are the model's tensors: whoever opens this must not use the model or its exported programs
+    afterwards. ``export_qwen35`` builds both for the call alone."""
+    token = _freeing_weights.set(True)
+    try:
+        yield
+    finally:
+        _freeing_weights.reset(token)
+
+
+def freeing_weights() -> bool:
+    """Whether ``weights_freed_when_serialized`` is open."""
+    return _freeing_weights.get()
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+    """glibc's ``malloc_trim``, or None where the C library has none (macOS, musl)."""
+    library = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(library).malloc_trim if library else None
+    except (OSError, AttributeError):
+        return None
+
+
+def return_freed_memory() -> None:
+    """Give the pages that the heap holds free back to the system, where the C library can.
+
+    Quantizing layer by layer frees each layer's float weights, but glibc keeps
+    most of what it freed mapped (blocks below its mmap threshold stay in the
+    heap), so the resident size after loading stays near its peak. Trimming at
+    each stage boundary, and after weights are freed, lowers the base that
+    ExecuTorch's lowering then grows from.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 @contextlib.contextmanager
@@ -85,6 +135,7 @@ def lower_programs(
     edge_partitioners: Optional[Callable[[str], list]] = None,
     skip_dim_order: bool = False,
     share_mutable_buffers: bool = False,
+    free_delegated: bool = False,
     **backend_config,
 ):
     """The ExecutorchProgramManager of ``programs`` ({method name: ExportedProgram}).
@@ -99,8 +150,11 @@ def lower_programs(
     XNNPACK's linears);
     ``metadata`` becomes constant methods; ``share_mutable_buffers`` makes
     every method read and write one copy of each buffer of the model, found by
-    its name (see ``gdn_export.state_methods``); ``backend_config`` overrides
-    fields of ``ExecutorchBackendConfig``.
+    its name (see ``gdn_export.state_methods``); ``free_delegated`` frees the
+    weights only delegates use before ``to_executorch`` while
+    ``weights_freed_when_serialized`` is open (``free_delegated_weights``: for
+    backends whose delegates copy their weights when they preprocess);
+    ``backend_config`` overrides fields of ``ExecutorchBackendConfig``.
     """
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
@@ -127,6 +181,10 @@ def lower_programs(
         emit_mutable_buffer_names=share_mutable_buffers,
     )
     config.update(backend_config)
+    if free_delegated and freeing_weights():
+        if free_delegated_weights(edge):
+            return_freed_memory()
+        check_weights_resident(edge)
     report("to_executorch (memory planning, serialization passes)")
     return edge.to_executorch(ExecutorchBackendConfig(**config))
 
@@ -180,3 +238,63 @@ def write_program(manager, output: Path) -> list[Path]:
         return [output.parent / staged.name for staged in data_files]
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def weight_storages(values):
+    """The storages of the plain tensors among ``values`` that hold any bytes."""
+    import torch
+
+    for value in values:
+        if type(value) in (torch.Tensor, torch.nn.Parameter) and value.untyped_storage().nbytes():
+            yield value.untyped_storage()
+
+
+def free_storages(storages) -> int:
+    """Resize each storage to nothing; returns the bytes freed. Storages that cannot be resized (a mapped file's
+    pages, which the system can drop anyway) are left alone."""
+    freed = 0
+    for storage in storages:
+        size = storage.nbytes()
+        try:
+            storage.resize_(0)
+        except RuntimeError:
+            continue
+        freed += size
+    return freed
+
+
+def free_delegated_weights(edge) -> int:
+    """Free the memory of every weight that only delegates use, once all are lowered; returns the bytes freed.
+
+    Each delegate carries its own copy of its weights (XNNPACK's serialized, our embedding's named data), but its
+    ``LoweredBackendModule`` keeps the partition as it was (``original_module``), whose weights are the model's
+    tensors. The model and the programs ``torch.export`` made refer to them too from further up the stack, so
+    they stay resident through ``to_executorch``, which reads only ``original_module``'s graph (its debug
+    handles) and adds the serialized program on top: the fp32 0.8B export peaked there. A weight that some
+    method's own program still holds is kept.
+    """
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    kept, delegated = set(), {}
+    for name in edge.methods:
+        program = edge.exported_program(name)
+        kept.update(storage.data_ptr() for storage in weight_storages([*program.state_dict.values(),
+                                                                      *program.constants.values()]))
+        for module in program.graph_module.modules():
+            if isinstance(module, LoweredBackendModule):
+                original = module.original_module
+                for storage in weight_storages([*original.state_dict.values(), *original.constants.values()]):
+                    delegated[storage.data_ptr()] = storage
+    return free_storages(storage for pointer, storage in delegated.items() if pointer not in kept)
+
+
+def check_weights_resident(edge) -> None:
+    """Raise if a weight that some method's program serializes has had its memory freed: a freeing that took a
+    storage for a delegate's alone when it was not, caught before the emitter reads freed memory."""
+    import torch
+
+    for name in edge.methods:
+        program = edge.exported_program(name)
+        for fqn, tensor in [*program.state_dict.items(), *program.constants.items()]:
+            if isinstance(tensor, torch.Tensor) and tensor.numel() and not tensor.untyped_storage().nbytes():
+                raise RuntimeError(f"internal error: {name}'s weight {fqn} was freed while the program still holds it")

@@ -47,7 +47,8 @@ class CpuBackend(Backend):
             programs, metadata=metadata, partitioners=self.partitioners, edge_partitioners=self.edge_partitioners,
             # Bounds from the dynamic T's constraint size the memory plan; the in-place ops stay in place.
             sym_shape_eval_pass=ConstraintBasedSymShapeEvalPass(), run_reinplace_pass=True,
-            share_mutable_buffers=True,
+            # XNNPACK's serializer and our embedding delegate copy their weights' bytes when they preprocess.
+            share_mutable_buffers=True, free_delegated=True,
         )
 
     def conformance_implementations(self) -> list:
@@ -90,6 +91,7 @@ class XnnpackBackend(CpuBackend):
             only_applicable_passes,
             preprocess_sharing_weights,
             unchanged_submodules_not_recompiled,
+            weights_freed_once_serialized,
         )
 
         # Each skips work that changes nothing in our programs (runtime_ops/xnnpack_lowering.py): XNNPACK's
@@ -100,7 +102,8 @@ class XnnpackBackend(CpuBackend):
         decomposed = decomposed_once(programs, self.partitioners)
         ready = [program for name, program in decomposed.items() if program is not programs[name]]
         with only_applicable_passes(), preprocess_sharing_weights(), functional_programs_kept(ready), \
-                edge_passes_where_applicable(), unchanged_submodules_not_recompiled(), merges_checked_on_sets():
+                edge_passes_where_applicable(), unchanged_submodules_not_recompiled(), merges_checked_on_sets(), \
+                weights_freed_once_serialized():
             return super().lower(decomposed, metadata)
 
     def partitioners(self, method: str) -> list:

@@ -35,7 +35,10 @@ backend offers):
   cost over our 117 partitions. The method is recompiled once when its partitions are made, and a submodule
   whose graph is as it was at its last compile keeps its code.
 
-And one copy that costs memory: ``preprocess_sharing_weights``. ExecuTorch deep-copies every
+And two that cost memory. ``weights_freed_once_serialized``: while the export lets the lowering free
+weights (``gdn_export.lowering.weights_freed_when_serialized``), a weight that only one partition uses is
+freed as soon as XNNPACK has serialized its own copy of it, so the model's weights and XNNPACK's copies are
+never all resident together (the 4B 8da4w export peaked there). And ``preprocess_sharing_weights``. ExecuTorch deep-copies every
 partition before preprocessing, in case a backend changes it, and holds all the copies until the last
 partition is done: a second copy of every weight (0.77 GiB of the 0.8B 8da4w export's 3.7 GiB peak).
 XNNPACK's preprocessing makes new tensors and writes into none, so the copies keep their own graphs
@@ -45,7 +48,7 @@ and share the weights, as ExecuTorch's CUDA backend does in its low-memory mode.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
@@ -357,4 +360,75 @@ def preprocess_sharing_weights() -> Iterator[None]:
 
     sharing = classmethod(lambda cls, edge_program, compile_specs: copy_sharing_weights(edge_program))
     with replaced_attribute(XnnpackBackend, "copy_exported_program_for_preprocess", sharing):
+        yield
+
+
+def exclusive_storages(tagged_program, storage_of: dict) -> Optional[set]:
+    """The data pointers of the parameter storages that nodes of one partition alone use in ``tagged_program``
+    (a partitioner's result: fake tensors, nodes tagged with ``delegation_tag``), found through
+    ``storage_of`` ({parameter FQN: data pointer}, read from the real program before partitioning); None when a
+    parameter of ``tagged_program`` is not in ``storage_of`` (one the partitioner made, such as ExecuTorch's copy
+    of a weight that two partitions share), whose storage cannot be told apart from the others'. Buffers and
+    lifted constants (small, and some made by decomposing) are never freed."""
+    tags: dict = {}
+    parameters = tagged_program.graph_signature.inputs_to_parameters
+    for node in tagged_program.graph.nodes:
+        fqn = parameters.get(node.name) if node.op == "placeholder" else None
+        if fqn is None:
+            continue
+        if fqn not in storage_of:
+            return None
+        # The placeholder's own tag and its users': XNNPACK tags a linear's weight with the linear's partition
+        # even when an op outside also reads it (a tied table), and ExecuTorch then gives that op a copy.
+        found = tags.setdefault(storage_of[fqn], set())
+        found.update(holder.meta.get("delegation_tag") for holder in (node, *node.users))
+    return {pointer for pointer, found in tags.items() if len(found) == 1 and None not in found}
+
+
+@contextlib.contextmanager
+def weights_freed_once_serialized() -> Iterator[None]:
+    """While open, and while ``gdn_export.lowering.freeing_weights()``, the weights that one XNNPACK partition
+    alone uses are freed once its ``preprocess`` has serialized them.
+
+    A partition's program holds the model's tensors, and XNNPACK copies each into its payload (``bytes``), so the
+    model's copy is freed with them: a 4B 8da4w export held the model's unpacked 4-bit weights (one byte each)
+    beside XNNPACK's packed ones until its end. Which weights one partition alone uses is read off the
+    partitioner's tags (``exclusive_storages``); the partitioner sees fake tensors, so the storages behind the
+    parameters' names are read from the real program that ``ops_to_not_decompose`` is given first. A program
+    whose parameters cannot all be traced to a storage frees nothing."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    from gdn_export.lowering import free_storages, freeing_weights, return_freed_memory, weight_storages
+
+    storage_of: dict = {}
+    exclusive: set = set()
+    ops_to_not_decompose = OneDecompositionXnnpackPartitioner.ops_to_not_decompose
+    partition = OneDecompositionXnnpackPartitioner.partition
+    preprocess = XnnpackBackend.preprocess
+
+    def ops_recording(self, exported_program):
+        if freeing_weights():
+            for fqn in exported_program.graph_signature.parameters:
+                for storage in weight_storages([exported_program.state_dict.get(fqn)]):
+                    storage_of.setdefault(fqn, storage.data_ptr())
+        return ops_to_not_decompose(self, exported_program)
+
+    def partition_recording(self, exported_program):
+        result = partition(self, exported_program)
+        if freeing_weights():
+            found = exclusive_storages(result.tagged_exported_program, storage_of)
+            exclusive.update(found or ())
+        return result
+
+    def preprocess_freeing(edge_program, compile_specs):
+        result = preprocess(edge_program, compile_specs)
+        if freeing_weights():
+            owned = [edge_program.state_dict.get(fqn) for fqn in edge_program.graph_signature.parameters]
+            if free_storages(storage for storage in weight_storages(owned) if storage.data_ptr() in exclusive):
+                return_freed_memory()
+        return result
+
+    with replaced_attribute(OneDecompositionXnnpackPartitioner, "ops_to_not_decompose", ops_recording), \
+            replaced_attribute(OneDecompositionXnnpackPartitioner, "partition", partition_recording), \
+            replaced_attribute(XnnpackBackend, "preprocess", staticmethod(preprocess_freeing)):
         yield

@@ -351,3 +351,31 @@ def test_freed_heap_memory_goes_back_to_the_system():
     freed = 4096 * block  # 256 MiB, in 64 KiB holes between the kept blocks
     assert before - after >= 0.5 * freed, f"resident {before / 2**20:.0f} -> {after / 2**20:.0f} MiB"
     assert all(int(tensor[0]) == (2 * index) % 251 for index, tensor in enumerate(kept))
+
+
+@pytest.mark.parametrize("quantize", ["none", "8da4w"])
+def test_weights_delegates_copied_are_freed_and_the_program_is_the_same(tmp_path, seed, monkeypatch, quantize):
+    """The export lets the lowering free the model's copy of each weight a delegate has serialized (each XNNPACK
+    partition's as it is preprocessed, the rest before to_executorch): the program's bytes are the same as
+    without it, and what is freed is at least the weights of the linears XNNPACK took."""
+    import contextlib
+
+    import gdn_export.export as export
+    import gdn_export.lowering as lowering
+    from gdn_export import export_qwen35, load_qwen35
+
+    folder = make_tiny_checkpoint(tmp_path / "tied", seed=seed, tie_word_embeddings=True)
+    freed = []
+    free = lowering.free_storages
+    monkeypatch.setattr(lowering, "free_storages", lambda storages: freed.append(free(storages)) or freed[-1])
+    export_qwen35(folder, tmp_path / "freed.pte", quantize=quantize)
+    monkeypatch.setattr(export, "weights_freed_when_serialized", contextlib.nullcontext)
+    count = len(freed)
+    export_qwen35(folder, tmp_path / "kept.pte", quantize=quantize)
+    assert len(freed) == count  # nothing freed where the export does not allow it
+    assert (tmp_path / "freed.pte").read_bytes() == (tmp_path / "kept.pte").read_bytes(), f"seed {seed}"
+    model = load_qwen35(folder, max_seq_len=16)
+    linears = sum(m.weight.numel() for name, m in model.named_modules()
+                  if isinstance(m, torch.nn.Linear) and not name.endswith("lm_head"))
+    # fp32 weights 4 bytes each; 8da4w's 4-bit values one byte each until XNNPACK packs them.
+    assert sum(freed) >= linears * (4 if quantize == "none" else 1) * 0.9, f"seed {seed}: freed {freed}"
