@@ -32,13 +32,7 @@ import torch
 
 from gdn_export.backends import Backend, backend_names, default_backend, get_backend
 from gdn_export.checkpoint import Checkpoint, read_checkpoint
-from gdn_export.lowering import (  # noqa: F401  (_malloc_trim: the export's memory tests use it from here)
-    _malloc_trim,
-    reporting_stages,
-    return_freed_memory,
-    weights_freed_when_serialized,
-    write_program,
-)
+from gdn_export.lowering import reporting_stages, return_freed_memory, weights_freed_when_serialized, write_program
 from gdn_export.quantize import MODES as QUANTIZATIONS
 from gdn_export.quantize import Quantizer, share_tied_vocabulary
 from gdn_export.state_methods import STATE_METHODS, state_metadata

@@ -11,6 +11,16 @@ namespace {
 
 using executorch::aten::SizesType;
 
+// Whether the boxed stack holds at least `count` arguments, all tensors (the out tensor last); fails the call if not.
+bool tensor_arguments(KernelRuntimeContext& ctx, Span<EValue*> stack, size_t count, const char* op) {
+  ET_KERNEL_CHECK_MSG(ctx, stack.size() >= count, InvalidArgument, false, "%s: expected %zu arguments, got %zu", op,
+                      count, stack.size());
+  for (size_t i = 0; i < count; ++i) {
+    ET_KERNEL_CHECK_MSG(ctx, stack[i]->isTensor(), InvalidArgument, false, "%s: argument %zu must be a Tensor", op, i);
+  }
+  return true;
+}
+
 // high [rows, width / 2] uint8, low (when given) the same, row_units [rows] bfloat16,
 // group_units [rows, width / group] uint8.
 bool read_table(KernelRuntimeContext& ctx, const char* op, const Tensor& high, const Tensor* low,
@@ -47,11 +57,7 @@ bool read_table(KernelRuntimeContext& ctx, const char* op, const Tensor& high, c
 // gdn::planes_embedding.out(tokens, high, low, row_units, group_units, out): out [*tokens.shape, width] float32
 void planes_embedding_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   constexpr const char* kOp = "gdn.planes_embedding.out";
-  ET_KERNEL_CHECK_MSG(ctx, stack.size() >= 6, InvalidArgument, , "%s: expected 6 arguments, got %zu", kOp,
-                      stack.size());
-  for (size_t i = 0; i < 6; ++i) {
-    ET_KERNEL_CHECK_MSG(ctx, stack[i]->isTensor(), InvalidArgument, , "%s: argument %zu must be a Tensor", kOp, i);
-  }
+  if (!tensor_arguments(ctx, stack, 6, kOp)) return;
   const Tensor& tokens = stack[0]->toTensor();
   Tensor& output = stack[5]->toTensor();
   VocabularyPlanes table;
@@ -82,11 +88,7 @@ void planes_embedding_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
 // gdn::planes_logits.out(x, high, row_units, group_units, out): x [..., width] float32 -> out [..., rows] float32
 void planes_logits_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   constexpr const char* kOp = "gdn.planes_logits.out";
-  ET_KERNEL_CHECK_MSG(ctx, stack.size() >= 5, InvalidArgument, , "%s: expected 5 arguments, got %zu", kOp,
-                      stack.size());
-  for (size_t i = 0; i < 5; ++i) {
-    ET_KERNEL_CHECK_MSG(ctx, stack[i]->isTensor(), InvalidArgument, , "%s: argument %zu must be a Tensor", kOp, i);
-  }
+  if (!tensor_arguments(ctx, stack, 5, kOp)) return;
   const Tensor& x = stack[0]->toTensor();
   Tensor& output = stack[4]->toTensor();
   VocabularyPlanes table;

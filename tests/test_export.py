@@ -332,7 +332,7 @@ def test_freed_heap_memory_goes_back_to_the_system():
     """
     import platform
 
-    from gdn_export.export import _malloc_trim, return_freed_memory
+    from gdn_export.lowering import _malloc_trim, return_freed_memory
 
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         pytest.fail(f"this check is written for glibc on Linux, not {platform.system()} {platform.libc_ver()}")
