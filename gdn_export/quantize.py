@@ -56,6 +56,7 @@ layer as soon as its weights are read (``gdn_export.loading``, through a
 
 from __future__ import annotations
 
+import weakref
 from typing import Optional
 
 import torch
@@ -136,8 +137,6 @@ class Quantizer:
         self._planes = None  # (a weak reference to the float table, its PlanesVocabulary)
 
     def __call__(self, name: str, module: nn.Module) -> nn.Module:
-        import weakref
-
         if (self.mode == "8da4w" and isinstance(module, nn.Linear) and name.rpartition(".")[2] == "lm_head"
                 and self._planes is not None and self._planes[0]() is module.weight):
             return PlanesHead(self._planes[1])

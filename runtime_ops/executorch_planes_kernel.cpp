@@ -21,6 +21,15 @@ bool tensor_arguments(KernelRuntimeContext& ctx, Span<EValue*> stack, size_t cou
   return true;
 }
 
+// Resizes output to the first `kept` sizes of `like` and then `last`. Outputs of a dynamic-shape program arrive
+// at their upper bound; a static one must already match (the callers check the element count afterwards).
+void resize_output(Tensor& output, const Tensor& like, int64_t kept, int64_t last) {
+  SizesType sizes[8];
+  for (int64_t d = 0; d < kept; ++d) sizes[d] = like.size(d);
+  sizes[kept] = static_cast<SizesType>(last);
+  (void)executorch::runtime::resize_tensor(output, {sizes, size_t(kept + 1)});
+}
+
 // high [rows, width / 2] uint8, low (when given) the same, row_units [rows] bfloat16,
 // group_units [rows, width / group] uint8.
 bool read_table(KernelRuntimeContext& ctx, const char* op, const Tensor& high, const Tensor* low,
@@ -69,11 +78,7 @@ void planes_embedding_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
                       "%s: tokens must be an int64 tensor", kOp);
   ET_KERNEL_CHECK_MSG(ctx, output.scalar_type() == ScalarType::Float, InvalidArgument, , "%s: out must be float32",
                       kOp);
-  SizesType sizes[8];
-  for (int64_t d = 0; d < tokens.dim(); ++d) sizes[d] = tokens.size(d);
-  sizes[tokens.dim()] = static_cast<SizesType>(table.width);
-  // Outputs of a dynamic-shape program arrive at their upper bound; a static one must already match.
-  (void)executorch::runtime::resize_tensor(output, {sizes, size_t(tokens.dim() + 1)});
+  resize_output(output, tokens, tokens.dim(), table.width);
   ET_KERNEL_CHECK_MSG(ctx, output.numel() == tokens.numel() * table.width, InvalidArgument, ,
                       "%s: out must hold %zd values per token", kOp, ssize_t(table.width));
   const int64_t* ids = tokens.const_data_ptr<int64_t>();
@@ -97,10 +102,7 @@ void planes_logits_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
                                x.dim() >= 1 && x.dim() <= 8 && x.size(x.dim() - 1) == table.width,
                       InvalidArgument, , "%s: x must be float32 [..., %zd] and out float32", kOp,
                       ssize_t(table.width));
-  SizesType sizes[8];
-  for (int64_t d = 0; d < x.dim(); ++d) sizes[d] = x.size(d);
-  sizes[x.dim() - 1] = static_cast<SizesType>(table.rows);
-  (void)executorch::runtime::resize_tensor(output, {sizes, size_t(x.dim())});
+  resize_output(output, x, x.dim() - 1, table.rows);
   const int64_t count = x.numel() / table.width;
   ET_KERNEL_CHECK_MSG(ctx, output.numel() == count * table.rows, InvalidArgument, ,
                       "%s: out must hold %zd logits per row of x", kOp, ssize_t(table.rows));
