@@ -320,3 +320,59 @@ def test_xnnpack_copies_partitions_sharing_weights_only_while_open():
         assert XnnpackBackend.copy_exported_program_for_preprocess.__func__ is not \
             BackendDetails.copy_exported_program_for_preprocess.__func__
     assert "copy_exported_program_for_preprocess" not in XnnpackBackend.__dict__
+
+
+def random_graph_module(generator: torch.Generator, size: int = 120) -> torch.fx.GraphModule:
+    """A graph of ``size`` additions, each of two earlier nodes picked at random (some nodes feed nothing)."""
+    import operator
+
+    graph = torch.fx.Graph()
+    nodes = [graph.placeholder(f"x{index}") for index in range(4)]
+    for _ in range(size):
+        first, second = torch.randint(0, len(nodes), (2,), generator=generator).tolist()
+        nodes.append(graph.call_function(operator.add, (nodes[first], nodes[second])))
+    graph.output(nodes[-1])
+    return torch.fx.GraphModule(nn.Module(), graph)
+
+
+def test_downstream_bits_answer_as_executorchs_dependency_sets(generator, seed):
+    from executorch.exir.backend.canonical_partitioners.group_partitioner import _DependencyViewer
+
+    from runtime_ops.xnnpack_lowering import DownstreamBits
+
+    module = random_graph_module(generator)
+    theirs, ours = _DependencyViewer(module), DownstreamBits(module)
+    for node in module.graph.nodes:
+        assert ours.downstreams_of(node) == theirs.downstreams_of(node), f"seed={seed} node={node}"
+        assert ours.upstreams_of(node) == theirs.upstreams_of(node), f"seed={seed} node={node}"
+
+
+def test_merges_are_answered_as_executorchs_group_partitioner_answers_them(generator, seed):
+    """Random pairs of runs of nodes as partitions: the bits refuse and allow the merges ExecuTorch's sets do,
+    and the partitioner built while open holds the bits and no torch viewer of its own."""
+    from executorch.exir.backend.canonical_partitioners.group_partitioner import GroupBasedPartitioner
+    from torch.fx.passes.infra.partitioner import Partition
+    from torch.fx.passes.operator_support import OperatorSupportBase
+
+    from runtime_ops.xnnpack_lowering import DownstreamBits, merges_checked_on_sets
+
+    class Everything(OperatorSupportBase):
+        def is_node_supported(self, submodules, node) -> bool:
+            return node.op == "call_function"
+
+    module = random_graph_module(generator)
+    additions = [node for node in module.graph.nodes if node.op == "call_function"]
+    pairs = []
+    for _ in range(200):  # two runs of the topological order with a gap between (none: always mergeable)
+        start, first, gap, second = torch.randint(0, 12, (4,), generator=generator).tolist()
+        start, gap = start * 8, gap % 3 * gap
+        pairs.append({0: Partition(0, additions[start:start + first + 1]),
+                      1: Partition(1, additions[start + first + 1 + gap:start + first + gap + second + 2])})
+    theirs = GroupBasedPartitioner(module, Everything())
+    expected = [theirs._can_merge_partitions(0, 1, pair) for pair in pairs]
+    with merges_checked_on_sets():
+        ours = GroupBasedPartitioner(module, Everything())
+        assert isinstance(ours.dependency_viewer, DownstreamBits)
+        answers = [ours._can_merge_partitions(0, 1, pair) for pair in pairs]
+    assert answers == expected, f"seed={seed}"
+    assert 0 < sum(expected) < len(expected), f"seed={seed}: every random pair answered alike ({sum(expected)})"
