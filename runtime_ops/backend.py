@@ -4,7 +4,9 @@ Both give each Gated DeltaNet layer ``gdn::gated_delta_rule_inplace`` and each
 float32 full-attention layer ``gdn::cached_attention``, whose kernels this
 package builds and ``import gdn_export`` loads (the ``gdn_export.kernels``
 entry point). XNNPACK also takes the linear layers (float, 8da4w, 8da8w and int8wo)
-into its delegate; portable leaves every op to ExecuTorch's portable kernels.
+into its delegate, but 16da8w's, which run on our ``gdn::grouped_int8_linear``
+kernel (XNNPACK has none for int8 weights in groups); portable leaves every op
+to ExecuTorch's portable kernels.
 Quantized embeddings run on ExecuTorch's ``quantized_decomposed`` kernels in both.
 """
 
@@ -60,7 +62,7 @@ class CpuBackend(Backend):
 class XnnpackBackend(CpuBackend):
     name = "xnnpack"
     summary = "CPU: XNNPACK runs the linear layers (float, 8da4w, 8da8w, int8), our C++ kernels the rest"
-    quantizations = ("none", "8da4w", "8da8w", "int8wo")
+    quantizations = ("none", "8da4w", "8da8w", "int8wo", "16da8w")
     # runtime_ops/embedding_delegate.py: its runtime is in our kernel library.
     delegate_ids = ("GdnEmbeddingBackend",)
 

@@ -1,7 +1,8 @@
 // What the ExecuTorch entries of the gdn kernels (executorch_kernel.cpp,
-// executorch_attention_kernel.cpp, executorch_planes_kernel.cpp) share: the
-// ExecuTorch names they use, the core routines' parallel loop on ExecuTorch's
-// thread pool, and the ops' default scale. Included by those files only.
+// executorch_attention_kernel.cpp, executorch_planes_kernel.cpp,
+// executorch_linear_kernel.cpp) share: the ExecuTorch names they use, the core
+// routines' parallel loop on ExecuTorch's thread pool, the checks of a boxed
+// call's tensors, output resizing, and the ops' default scale. Included by those files only.
 #pragma once
 
 #include <executorch/runtime/kernel/kernel_includes.h>
@@ -26,6 +27,27 @@ using executorch::runtime::Span;
 // ExecuTorch or ATen); in a program it is ExecuTorch's thread pool.
 inline void executorch_parallel_for(int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
   executorch::extension::parallel_for(begin, end, 1, [&](int64_t first, int64_t last) { body(first, last); });
+}
+
+using executorch::aten::SizesType;
+
+// Whether the boxed stack holds at least `count` arguments, all tensors (the out tensor last); fails the call if not.
+inline bool tensor_arguments(KernelRuntimeContext& ctx, Span<EValue*> stack, size_t count, const char* op) {
+  ET_KERNEL_CHECK_MSG(ctx, stack.size() >= count, InvalidArgument, false, "%s: expected %zu arguments, got %zu", op,
+                      count, stack.size());
+  for (size_t i = 0; i < count; ++i) {
+    ET_KERNEL_CHECK_MSG(ctx, stack[i]->isTensor(), InvalidArgument, false, "%s: argument %zu must be a Tensor", op, i);
+  }
+  return true;
+}
+
+// Resizes output to the first `kept` sizes of `like` and then `last`. Outputs of a dynamic-shape program arrive
+// at their upper bound; a static one must already match (the callers check the element count afterwards).
+inline void resize_output(Tensor& output, const Tensor& like, int64_t kept, int64_t last) {
+  SizesType sizes[8];
+  for (int64_t d = 0; d < kept; ++d) sizes[d] = like.size(d);
+  sizes[kept] = static_cast<SizesType>(last);
+  (void)executorch::runtime::resize_tensor(output, {sizes, size_t(kept + 1)});
 }
 
 // The ops' scale argument: None means 1 / sqrt(head dim), as in the PyTorch contract.

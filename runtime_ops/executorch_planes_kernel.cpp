@@ -9,27 +9,6 @@
 namespace gdn {
 namespace {
 
-using executorch::aten::SizesType;
-
-// Whether the boxed stack holds at least `count` arguments, all tensors (the out tensor last); fails the call if not.
-bool tensor_arguments(KernelRuntimeContext& ctx, Span<EValue*> stack, size_t count, const char* op) {
-  ET_KERNEL_CHECK_MSG(ctx, stack.size() >= count, InvalidArgument, false, "%s: expected %zu arguments, got %zu", op,
-                      count, stack.size());
-  for (size_t i = 0; i < count; ++i) {
-    ET_KERNEL_CHECK_MSG(ctx, stack[i]->isTensor(), InvalidArgument, false, "%s: argument %zu must be a Tensor", op, i);
-  }
-  return true;
-}
-
-// Resizes output to the first `kept` sizes of `like` and then `last`. Outputs of a dynamic-shape program arrive
-// at their upper bound; a static one must already match (the callers check the element count afterwards).
-void resize_output(Tensor& output, const Tensor& like, int64_t kept, int64_t last) {
-  SizesType sizes[8];
-  for (int64_t d = 0; d < kept; ++d) sizes[d] = like.size(d);
-  sizes[kept] = static_cast<SizesType>(last);
-  (void)executorch::runtime::resize_tensor(output, {sizes, size_t(kept + 1)});
-}
-
 // high [rows, width / 2] uint8, low (when given) the same, row_units [rows] bfloat16,
 // group_units [rows, width / group] uint8.
 bool read_table(KernelRuntimeContext& ctx, const char* op, const Tensor& high, const Tensor* low,

@@ -207,10 +207,12 @@ def eager_step_logits(model, prompt_ids, continuation):
     # about 0.03, 8da4w about 0.45 (4-bit groups of 32 on 64-wide layers; measured with a 4-bit
     # embedding, which is 8-bit since), where unrelated logits give ~1.4.
     # (Argmax agreement is no measure here: a random model's top logits are near ties.)
-    # int8wo runs on XNNPACK's int8-weight kernels, and on portable as a weight widened at each call.
+    # int8wo runs on XNNPACK's int8-weight kernels, and on portable as a weight widened at each call;
+    # 16da8w's linears on gdn::grouped_int8_linear, its table and head as int8wo's.
     [("dense", "int8wo", "xnnpack", 1e-4, 0.1), ("tied", "int8wo", "xnnpack", 1e-4, 0.1),
      ("tied", "int8wo", "portable", 1e-4, 0.1), ("dense", "8da4w", "xnnpack", 0.06, 0.8),
-     ("tied", "8da4w", "xnnpack", 0.06, 0.8), ("tied", "8da8w", "xnnpack", 0.01, 0.1)],
+     ("tied", "8da4w", "xnnpack", 0.06, 0.8), ("tied", "8da8w", "xnnpack", 0.01, 0.1),
+     ("dense", "16da8w", "xnnpack", 1e-4, 0.1), ("tied", "16da8w", "xnnpack", 1e-4, 0.1)],
 )
 def test_quantized_programs_stay_close(exported, variant, quantize, backend, lowering_error, max_quantization_error,
                                        generator):
@@ -235,10 +237,11 @@ def test_quantized_programs_stay_close(exported, variant, quantize, backend, low
 
 def quantized_bytes(model, quantize):
     """Bytes of the weights of ``model``'s linears and embeddings as ``quantize`` stores them (the math of the
-    format: int4 values packed two a byte with a bf16 scale per group in XNNPACK; int8 values with an fp32 scale
-    per row), and their float32 bytes."""
+    format: int4 values packed two a byte with a bf16 scale per group in XNNPACK; int8 values with a bf16 scale
+    per group of 32 in 16da8w's linears, else with an fp32 scale per row), and their float32 bytes."""
     from torch import nn
 
+    from gdn_export.ops.grouped_int8_linear import fits
     from gdn_export.quantize import GROUP_SIZES_4BIT, module_mode
 
     stored = floats = 0
@@ -250,12 +253,14 @@ def quantized_bytes(model, quantize):
         if module_mode(name, quantize) == "8da4w":
             groups = rows * width // next(size for size in GROUP_SIZES_4BIT if width % size == 0)
             stored += rows * width // 2 + groups * 2
+        elif module_mode(name, quantize) == "16da8w" and fits(rows, width):
+            stored += rows * width + rows * width // 32 * 2
         else:
             stored += rows * width + 4 * rows
     return stored, floats
 
 
-@pytest.mark.parametrize("quantize", ["8da4w", "8da8w", "int8wo"])
+@pytest.mark.parametrize("quantize", ["8da4w", "8da8w", "int8wo", "16da8w"])
 def test_quantized_program_holds_quantized_embedding_and_head(exported, quantize):
     """The program shrinks by what quantizing every linear, the output head and the embedding saves, no less."""
     from gdn_export import load_qwen35
@@ -273,7 +278,7 @@ def test_quantized_program_holds_quantized_embedding_and_head(exported, quantize
     assert saved >= expected_saving - 0.05 * floats
 
 
-@pytest.mark.parametrize("quantize", ["8da8w", "int8wo"])
+@pytest.mark.parametrize("quantize", ["8da8w", "int8wo", "16da8w"])
 def test_tied_8bit_table_is_stored_once(exported, generator, quantize):
     """The tied table (int8 rows, one fp32 scale each) serves the embedding and the head from one copy.
 

@@ -369,6 +369,27 @@ def test_int4_scales_of_a_matrix_are_those_of_each_row_alone(seed, monkeypatch):
     assert torch.equal(scales, alone), f"seed {seed}: rows {sorted(set((scales != alone).nonzero()[:, 0].tolist()))}"
 
 
+def test_int4_linear_holds_bfloat16_scales_and_one_zero_byte(seed):
+    """A 4-bit linear holds its scales as the bfloat16 values XNNPACK stores and its zero points as one byte
+    (a quarter of the float scales' bytes, none of the zero points'); its codes are those of the float scales,
+    and it computes each weight as code times the bfloat16 scale."""
+    from gdn_export.quantize import fit_int4_scales, quantize_module
+
+    generator = torch.Generator().manual_seed(seed)
+    dense = torch.randn(32, 96, generator=generator) * 0.02
+    linear = torch.nn.Linear(96, 32, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(dense)
+    weight = quantize_module(linear, "8da4w", "layers.0.mlp.up_proj").weight
+    fitted = fit_int4_scales(dense, 32)
+    assert weight.scale.dtype == torch.bfloat16 and torch.equal(weight.scale.reshape(32, 3), fitted.to(torch.bfloat16))
+    assert weight.zero_point.untyped_storage().nbytes() == 1 and (weight.zero_point == 0).all()
+    codes = torch.round(dense.reshape(32, 3, 32) / fitted[..., None]).clamp(-8, 7)
+    assert torch.equal(weight.qdata.reshape(32, 3, 32).float(), codes), f"seed {seed}"
+    expected = (codes * fitted.to(torch.bfloat16).float()[..., None]).reshape(32, 96)
+    assert torch.equal(weight.dequantize(), expected), f"seed {seed}"
+
+
 @pytest.mark.parametrize("kind", ["embedding", "linear"])
 def test_int8_rows_in_blocks_are_torchaos_quantization(kind, seed, monkeypatch):
     """int8_rows quantizes blocks of rows; against torchao's own config applied to the whole weight."""

@@ -174,7 +174,7 @@ def to_vocabulary_planes(weight: torch.Tensor, group: int = 32):
     for start in range(0, rows, ROWS_PER_BLOCK):
         groups = weight[start:start + ROWS_PER_BLOCK].float().reshape(-1, width // group, group)
         smallest = groups.abs().amax(-1) / 127.5  # [rows, groups]
-        row_unit = _bfloat16_at_least(smallest.amax(-1) / 255)  # [rows]
+        row_unit = bfloat16_at_least(smallest.amax(-1) / 255)  # [rows]
         steps = torch.ceil(smallest / torch.where(row_unit > 0, row_unit, 1)[:, None]).clamp_(0, 255)
         unit = (row_unit[:, None] * steps)[..., None]
         codes = torch.round(groups / torch.where(unit > 0, unit, 1)).clamp_(-128, 127).to(torch.int32)
@@ -186,7 +186,7 @@ def to_vocabulary_planes(weight: torch.Tensor, group: int = 32):
     return torch.cat(high), torch.cat(low), torch.cat(row_units), torch.cat(group_units)
 
 
-def _bfloat16_at_least(values: torch.Tensor) -> torch.Tensor:
+def bfloat16_at_least(values: torch.Tensor) -> torch.Tensor:
     """The smallest bfloat16 values >= ``values`` (float32, >= 0, finite), as float32."""
     bits = values.contiguous().view(torch.int32)
     return ((bits + 0xFFFF) & -0x10000).view(torch.float32)

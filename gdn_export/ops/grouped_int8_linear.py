@@ -1,0 +1,127 @@
+"""``gdn::grouped_int8_linear``: a linear layer with int8 weights in groups of 32, activations kept near float.
+
+The 8-bit programs XNNPACK can run give each output channel one int8 scale
+(``int8wo``, ``8da8w``). On the 0.8B shape that scale, over 1024 to 3584
+weights, costs most of their KL against fp32: with everything else equal, a
+bfloat16 scale per 32 weights (llama.cpp's Q8_0 block) took the mean KL from
+0.00342 to 0.00218, under Q8_0's 0.0026 (docs/benchmarks.md). No XNNPACK
+kernel takes int8 weights in groups, so this op has its own.
+
+Format (``to_grouped_int8`` writes it): ``W[n, k] = code[n, k] * scale[n, k // group]``,
+codes in [-127, 127], scales bfloat16, ``group`` a multiple of 32 up to 256 dividing
+``K``. The codes are stored in tiles of 16 output channels, the two codes of each
+pair of inputs side by side: ``weight[n // 16, k // 2, n % 16, k % 2]``; the
+scales as ``scales[n // 16, k // group, n % 16]``. A kernel then reads one run of
+32 bytes for 16 outputs and 2 inputs, and one run of 16 scales a group.
+
+    gdn::grouped_int8_linear(Tensor x, Tensor weight, Tensor scales) -> Tensor
+        x [..., K] float32, weight [N / 16, K / 2, 16, 2] int8, scales [N / 16, K / group, 16] bfloat16
+        -> [..., N] float32: x times W^T, with each row of x rounded to int16 (one max-abs scale),
+        as the kernel reads it (a relative error of 2^-16 of the row's largest value)
+
+(and a ``.out`` form). ``runtime_ops`` implements it in C++ for CPU programs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn_export.ops.contract import define_op
+from gdn_export.ops.vocabulary_planes import bfloat16_at_least
+
+TILE = 16  # output channels per tile
+GROUPS = (32, 64, 128, 256)  # group sizes the kernel takes (int32 sums of a group of int16 x int8 cannot overflow)
+ROWS_PER_BLOCK = 4096  # the reference and the writer work on this many output channels at a time
+
+SCHEMA = "grouped_int8_linear(Tensor x, Tensor weight, Tensor scales) -> Tensor"
+OUT_SCHEMA = "grouped_int8_linear.out(Tensor x, Tensor weight, Tensor scales, *, Tensor(a!) out) -> Tensor(a!)"
+
+
+def check_weight(weight, scales) -> tuple[int, int, int]:
+    """``(N, K, group)`` of a weight; TypeError / ValueError naming the argument otherwise."""
+    for name, tensor, dtype, dims in (("weight", weight, torch.int8, 4), ("scales", scales, torch.bfloat16, 3)):
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != dtype or tensor.dim() != dims:
+            got = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise TypeError(f"gdn.grouped_int8_linear: {name} must be a {dims}-d {dtype} tensor, got {got}")
+    tiles, pairs = weight.shape[0], weight.shape[1]
+    if tuple(weight.shape[2:]) != (TILE, 2):
+        raise ValueError(f"gdn.grouped_int8_linear: weight must be [N / {TILE}, K / 2, {TILE}, 2], "
+                         f"got {list(weight.shape)}")
+    groups = scales.shape[1]
+    k = 2 * pairs
+    if (scales.shape[0] != tiles or scales.shape[2] != TILE or groups == 0 or k % groups
+            or k // groups not in GROUPS):
+        raise ValueError(f"gdn.grouped_int8_linear: scales must be [{tiles}, K / group, {TILE}] with K = {k} and "
+                         f"group one of {GROUPS}, got {list(scales.shape)}")
+    return TILE * tiles, k, k // groups
+
+
+def round_activations(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as the kernel reads it: int16 with one max-abs scale along the last dim, each value times the
+    scale's float32 reciprocal rounded to the nearest (ties to even), so the kernel's integers are these."""
+    x = x.float()
+    scale = x.abs().amax(-1, keepdim=True) / 32767
+    inverse = torch.where(scale > 0, 1 / torch.where(scale > 0, scale, 1), 0)
+    return torch.round(x * inverse).clamp(-32767, 32767) * scale
+
+
+def float_weight(weight, scales, start: int = 0, stop=None) -> torch.Tensor:
+    """Output channels ``start:stop`` (multiples of 16) of ``W`` [N, K], in float32."""
+    _, k, group = check_weight(weight, scales)
+    tiles = slice(start // TILE, None if stop is None else -(-stop // TILE))
+    codes = weight[tiles].permute(0, 2, 1, 3).reshape(-1, k).float()  # [n, k]
+    units = scales[tiles].permute(0, 2, 1).reshape(-1, k // group).float().repeat_interleave(group, dim=1)
+    return codes * units
+
+
+def reference_grouped_int8_linear(x, weight, scales):
+    n, k, _ = check_weight(weight, scales)
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() < 1 or x.shape[-1] != k:
+        raise TypeError(f"gdn.grouped_int8_linear: x must be float32 [..., {k}], got {x!r}")
+    read = round_activations(x).reshape(-1, k)
+    y = torch.cat([read @ float_weight(weight, scales, start, start + ROWS_PER_BLOCK).T
+                   for start in range(0, n, ROWS_PER_BLOCK)], dim=1)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def reference_grouped_int8_linear_out(x, weight, scales, *, out):
+    result = reference_grouped_int8_linear(x, weight, scales)
+    if out.shape != result.shape or out.dtype != result.dtype:
+        raise ValueError(f"gdn.grouped_int8_linear.out: out must be {list(result.shape)} {result.dtype}, "
+                         f"got {list(out.shape)} {out.dtype}")
+    return out.copy_(result)
+
+
+def _fake(x, weight, scales):
+    n, k, _ = check_weight(weight, scales)
+    if x.shape[-1] != k:
+        raise TypeError(f"gdn.grouped_int8_linear: x must be float32 [..., {k}], got {list(x.shape)}")
+    return x.new_empty((*x.shape[:-1], n), dtype=torch.float32)
+
+
+define_op(SCHEMA, reference_grouped_int8_linear, _fake)
+define_op(OUT_SCHEMA, reference_grouped_int8_linear_out, lambda x, weight, scales, *, out: out)
+
+
+def fits(out_features: int, in_features: int, group: int = 32) -> bool:
+    """Whether a linear of this shape can be stored in this format."""
+    return out_features % TILE == 0 and group in GROUPS and in_features % group == 0
+
+
+def to_grouped_int8(weight: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weight, scales)`` of a float weight [N, K] (``fits(N, K, group)``).
+
+    A group's scale is the smallest bfloat16 no code clips at (its largest magnitude / 127, rounded up), so
+    every code is the nearest of [-127, 127]."""
+    n, k = weight.shape
+    if not fits(n, k, group):
+        raise ValueError(f"to_grouped_int8: weight [{n}, {k}] needs N a multiple of {TILE} and K of the group "
+                         f"{group} (one of {GROUPS})")
+    codes, scales = [], []
+    for start in range(0, n, ROWS_PER_BLOCK):
+        groups = weight[start:start + ROWS_PER_BLOCK].detach().float().reshape(-1, k // group, group)
+        scale = bfloat16_at_least(groups.abs().amax(-1) / 127)  # [rows, k / group]
+        code = torch.round(groups / torch.where(scale > 0, scale, 1)[..., None]).clamp_(-127, 127).to(torch.int8)
+        codes.append(code.reshape(-1, TILE, k // 2, 2).permute(0, 2, 1, 3).contiguous())
+        scales.append(scale.to(torch.bfloat16).reshape(-1, TILE, k // group).permute(0, 2, 1).contiguous())
+    return torch.cat(codes), torch.cat(scales)

@@ -1,0 +1,187 @@
+// See grouped_int8_linear.h. A tile of 16 output channels is one vector of int32 sums: for each pair of inputs a
+// 32-byte run of codes is widened to 16-bit and multiplied-and-added with the pair of the row's int16 values,
+// broadcast. Up to kRows rows of x share each run of codes, so a prompt reads each tile once per kRows rows.
+#include "grouped_int8_linear.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace gdn {
+namespace {
+
+constexpr int64_t kTile = 16;
+constexpr int64_t kRows = 8;         // rows of x per pass over a tile (registers: kRows int32 sums, kRows float sums)
+constexpr int64_t kRowBlock = 64;    // rows of x kept hot while a thread's tiles pass over them
+
+inline float bfloat16_value(uint16_t bits) {
+  const uint32_t widened = uint32_t(bits) << 16;
+  float value;
+  std::memcpy(&value, &widened, sizeof(value));
+  return value;
+}
+
+// One row of x in int16 with one max-abs scale (the contract's rounding: to nearest, ties to even).
+float quantize_row(const float* x, int64_t k, int16_t* out) {
+  float largest = 0.0f;
+  for (int64_t i = 0; i < k; ++i) largest = std::max(largest, std::fabs(x[i]));
+  const float scale = largest / 32767.0f;
+  const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 by = _mm512_set1_ps(inverse);
+  for (; i + 16 <= k; i += 16) {
+    const __m512i rounded = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), by));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtsepi32_epi16(rounded));
+  }
+#endif
+  for (; i < k; ++i) {
+    out[i] = static_cast<int16_t>(std::clamp(static_cast<int32_t>(std::nearbyint(x[i] * inverse)), -32767, 32767));
+  }
+  return scale;
+}
+
+#if defined(__AVX512BW__)
+inline __m512i add_pair_products(__m512i sum, __m512i a, __m512i b) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(sum, a, b);
+#else
+  return _mm512_add_epi32(sum, _mm512_madd_epi16(a, b));
+#endif
+}
+
+// rows (<= kRows) rows of x against one tile: y[r][0..16) = row_scales[r] * sum_g scale_g * (int32 sum of group g).
+template <int kCount>
+void tile_rows(const int8_t* codes, const uint16_t* scales, const int16_t* x, const float* row_scales, int64_t k,
+               int64_t group, float* y, int64_t y_stride) {
+  __m512 out[kCount];
+  for (int r = 0; r < kCount; ++r) out[r] = _mm512_setzero_ps();
+  const int64_t pairs = group / 2;
+  for (int64_t g = 0; g < k / group; ++g) {
+    __m512i sums[kCount];
+    for (int r = 0; r < kCount; ++r) sums[r] = _mm512_setzero_si512();
+    const int8_t* run = codes + g * group * kTile;
+    for (int64_t p = 0; p < pairs; ++p) {
+      const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(run + 2 * kTile * p)));
+      const int64_t at = g * group + 2 * p;
+      for (int r = 0; r < kCount; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, x + r * k + at, sizeof(pair));
+        sums[r] = add_pair_products(sums[r], w, _mm512_set1_epi32(pair));
+      }
+    }
+    const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + g * kTile))), 16));
+    for (int r = 0; r < kCount; ++r) out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scale, out[r]);
+  }
+  for (int r = 0; r < kCount; ++r) {
+    _mm512_storeu_ps(y + r * y_stride, _mm512_mul_ps(out[r], _mm512_set1_ps(row_scales[r])));
+  }
+}
+#elif defined(__AVX2__)
+// As above with two 8-lane halves of the tile.
+template <int kCount>
+void tile_rows(const int8_t* codes, const uint16_t* scales, const int16_t* x, const float* row_scales, int64_t k,
+               int64_t group, float* y, int64_t y_stride) {
+  __m256 out[kCount][2];
+  for (int r = 0; r < kCount; ++r) out[r][0] = out[r][1] = _mm256_setzero_ps();
+  const int64_t pairs = group / 2;
+  for (int64_t g = 0; g < k / group; ++g) {
+    __m256i sums[kCount][2];
+    for (int r = 0; r < kCount; ++r) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
+    const int8_t* run = codes + g * group * kTile;
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int8_t* at_codes = run + 2 * kTile * p;
+      const __m256i low = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at_codes)));
+      const __m256i high = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at_codes + 16)));
+      const int64_t at = g * group + 2 * p;
+      for (int r = 0; r < kCount; ++r) {
+        int32_t pair;
+        std::memcpy(&pair, x + r * k + at, sizeof(pair));
+        const __m256i xs = _mm256_set1_epi32(pair);
+#if defined(__AVXVNNI__)
+        sums[r][0] = _mm256_dpwssd_avx_epi32(sums[r][0], low, xs);
+        sums[r][1] = _mm256_dpwssd_avx_epi32(sums[r][1], high, xs);
+#else
+        sums[r][0] = _mm256_add_epi32(sums[r][0], _mm256_madd_epi16(low, xs));
+        sums[r][1] = _mm256_add_epi32(sums[r][1], _mm256_madd_epi16(high, xs));
+#endif
+      }
+    }
+    for (int half = 0; half < 2; ++half) {
+      const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + g * kTile + 8 * half))), 16));
+      for (int r = 0; r < kCount; ++r) {
+        out[r][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][half]), scale, out[r][half]);
+      }
+    }
+  }
+  for (int r = 0; r < kCount; ++r) {
+    const __m256 row_scale = _mm256_set1_ps(row_scales[r]);
+    _mm256_storeu_ps(y + r * y_stride, _mm256_mul_ps(out[r][0], row_scale));
+    _mm256_storeu_ps(y + r * y_stride + 8, _mm256_mul_ps(out[r][1], row_scale));
+  }
+}
+#else
+template <int kCount>
+void tile_rows(const int8_t* codes, const uint16_t* scales, const int16_t* x, const float* row_scales, int64_t k,
+               int64_t group, float* y, int64_t y_stride) {
+  for (int r = 0; r < kCount; ++r) {
+    for (int64_t lane = 0; lane < kTile; ++lane) {
+      float total = 0.0f;
+      for (int64_t g = 0; g < k / group; ++g) {
+        int32_t sum = 0;
+        for (int64_t i = g * group; i < (g + 1) * group; ++i) {
+          sum += int32_t(codes[(i / 2) * 2 * kTile + 2 * lane + i % 2]) * x[r * k + i];
+        }
+        total += float(sum) * bfloat16_value(scales[g * kTile + lane]);
+      }
+      y[r * y_stride + lane] = total * row_scales[r];
+    }
+  }
+}
+#endif
+
+using TileRows = void (*)(const int8_t*, const uint16_t*, const int16_t*, const float*, int64_t, int64_t, float*,
+                          int64_t);
+constexpr TileRows kTileRows[kRows] = {tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
+                                       tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
+
+}  // namespace
+
+void grouped_int8_linear(const GroupedInt8Weight& weight, const float* x, int64_t count, float* y,
+                         const ParallelFor& parallel_for) {
+  if (count == 0) return;
+  const int64_t k = weight.k, n = weight.n;
+  std::vector<int16_t> values(count * k);
+  std::vector<float> row_scales(count);
+  auto quantize = [&](int64_t begin, int64_t end) {
+    for (int64_t m = begin; m < end; ++m) row_scales[m] = quantize_row(x + m * k, k, values.data() + m * k);
+  };
+  if (count > 1) {
+    parallel_for(0, count, quantize);
+  } else {
+    quantize(0, 1);
+  }
+  const int64_t tile_bytes = k * kTile, tile_scales = (k / weight.group) * kTile;
+  parallel_for(0, n / kTile, [&](int64_t first, int64_t last) {
+    for (int64_t block = 0; block < count; block += kRowBlock) {
+      const int64_t block_end = std::min(count, block + kRowBlock);
+      for (int64_t tile = first; tile < last; ++tile) {
+        for (int64_t m = block; m < block_end; m += kRows) {
+          const int64_t rows = std::min(kRows, block_end - m);
+          kTileRows[rows - 1](weight.codes + tile * tile_bytes, weight.scales + tile * tile_scales,
+                              values.data() + m * k, row_scales.data() + m, k, weight.group, y + m * n + tile * kTile,
+                              n);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace gdn

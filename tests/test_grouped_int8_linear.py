@@ -1,0 +1,91 @@
+"""gdn::grouped_int8_linear: int8 weights with a bfloat16 scale per group, the linears of 16da8w programs.
+
+The C++ kernel inside a program against the PyTorch reference, and the reference against plain math on
+the float weight it was made from (each weight within half its group's scale).
+"""
+
+import pytest
+import torch
+
+from gdn_export.ops.grouped_int8_linear import (
+    float_weight,
+    reference_grouped_int8_linear,
+    round_activations,
+    to_grouped_int8,
+)
+from runtime_ops.conformance import export_program
+
+
+class Linear(torch.nn.Module):
+    def __init__(self, weight, scales):
+        super().__init__()
+        self.register_buffer("weight", weight)
+        self.register_buffer("scales", scales)
+
+    def forward(self, x):
+        return torch.ops.gdn.grouped_int8_linear(x, self.weight, self.scales)
+
+
+def random_weight(generator, n, k):
+    # Rows and groups of different magnitudes, so each group has its own scale.
+    magnitudes = torch.rand(n, k // 32, 1, generator=generator) * 0.2 + 0.01
+    return (torch.randn(n, k // 32, 32, generator=generator) * magnitudes).reshape(n, k)
+
+
+@pytest.mark.parametrize("group,n,k", [(32, 48, 96), (64, 32, 256), (256, 16, 512)])
+def test_program_kernel_matches_the_reference(group, n, k, seed, generator):
+    weight, scales = to_grouped_int8(random_weight(generator, n, k), group)
+    x = torch.randn(1, 19, k, generator=generator) * torch.rand(1, 19, 1, generator=generator) * 4
+    program = export_program(Linear(weight, scales), (x,), dynamic_length_args=1, max_length=24)
+    # 1 row (a decode step), 8 (one pass of the kernel's rows), 19 (two passes and a remainder of 3).
+    for length in (1, 8, 19):
+        (actual,) = program.execute([x[:, :length]])
+        expected = reference_grouped_int8_linear(x[:, :length], weight, scales)
+        scale = expected.abs().max().item()
+        assert (actual - expected).abs().max().item() <= 2e-6 * scale, f"seed {seed} length {length}"
+        # The reference is the rounded input times the float weight.
+        math = round_activations(x[:, :length]) @ float_weight(weight, scales).T
+        assert (expected - math).abs().max().item() <= 1e-6 * scale, f"seed {seed}"
+
+
+def test_reference_stays_within_the_formats_error(seed, generator):
+    """Each weight within half its group's scale; the outputs within the error those and the int16 input allow."""
+    dense = random_weight(generator, 64, 128)
+    weight, scales = to_grouped_int8(dense)
+    unit = scales.float().permute(0, 2, 1).reshape(64, 4).repeat_interleave(32, dim=1)
+    assert ((float_weight(weight, scales) - dense).abs() <= 0.5 * unit * 1.0001).all(), f"seed {seed}"
+    assert (dense.reshape(64, 4, 32).abs().amax(-1) <= 127 * unit[:, ::32]).all(), f"seed {seed}: a code clipped"
+    x = torch.randn(5, 128, generator=generator)
+    exact = x @ dense.T
+    bound = (x.abs() @ (0.5 * unit).T) + x.abs().amax(-1, keepdim=True) / 65534 * dense.abs().sum(-1)
+    assert ((reference_grouped_int8_linear(x, weight, scales) - exact).abs() <= bound * 1.001).all(), f"seed {seed}"
+
+
+def test_out_form_writes_its_output(seed, generator):
+    weight, scales = to_grouped_int8(random_weight(generator, 32, 64))
+    x = torch.randn(3, 64, generator=generator)
+    out = torch.full((3, 32), float("nan"))
+    torch.ops.gdn.grouped_int8_linear.out(x, weight, scales, out=out)
+    assert torch.equal(out, reference_grouped_int8_linear(x, weight, scales)), f"seed {seed}"
+
+
+@pytest.mark.parametrize(
+    "breakage,message",
+    [
+        (lambda w, s: (w.to(torch.int16), s), "weight must be a 4-d torch.int8"),
+        (lambda w, s: (w, s.float()), "scales must be a 3-d torch.bfloat16"),
+        (lambda w, s: (w, s[:, :, :8]), "scales must be"),
+        (lambda w, s: (w[:, :, :8], s), r"weight must be \[N / 16"),
+    ],
+)
+def test_bad_weight_names_the_argument(breakage, message, generator):
+    weight, scales = breakage(*to_grouped_int8(random_weight(generator, 32, 64)))
+    with pytest.raises((TypeError, ValueError), match=message):
+        reference_grouped_int8_linear(torch.randn(2, 64, generator=generator), weight, scales)
+
+
+def test_writer_refuses_shapes_the_layout_cannot_hold(generator):
+    with pytest.raises(ValueError, match="N a multiple of 16"):
+        to_grouped_int8(torch.randn(24, 64, generator=generator))
+    with pytest.raises(ValueError, match="group 48"):
+        to_grouped_int8(torch.randn(16, 96, generator=generator), group=48)
