@@ -26,7 +26,8 @@
   channel costs most of ``int8wo``'s KL: with the table and head the same,
   groups of 32 took the mean KL from 0.00342 to 0.00218, under Q8_0's 0.0026
   (groups of 64: 0.00241, 128: 0.00269). The token table and a tied head keep
-  ``int8wo``'s int8 rows (a scale per group there gained less: 0.00158).
+  ``int8wo``'s int8 rows, which the program stores once for both (a scale per
+  group there too would reach 0.00158, but only with a second copy).
 
 The other modes quantize the token embedding, weight-only, in 8 bits, one
 scale a row (torchao's ``IntxWeightOnlyConfig``): on XNNPACK the lookup goes to
@@ -281,8 +282,9 @@ def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:
     Linears and embeddings are quantized in place (their weight becomes a torchao
     quantized tensor), but for ``8da4w``'s embedding, which is replaced by a
     ``PlanesEmbedding`` (a tied head's ``PlanesHead`` comes from ``Quantizer``,
-    which sees the tie). A 4-bit layer whose width no group size tiles stays in
-    float. The vocabulary's modules (``VOCABULARY_MODULES``) are found by ``name``.
+    which sees the tie), and ``16da8w``'s linears, replaced by ``GroupedInt8Linear``
+    (one whose shape its tiles do not fit gets ``int8wo``'s rows). A 4-bit layer
+    whose width no group size tiles stays in float. The vocabulary's modules (``VOCABULARY_MODULES``) are found by ``name``.
     """
     if mode not in MODES:
         raise ValueError(f"quantize mode must be one of {', '.join(MODES)}, got {mode!r}")

@@ -16,7 +16,13 @@ namespace gdn {
 namespace {
 
 constexpr int64_t kTile = 16;
-constexpr int64_t kRows = 8;         // rows of x per pass over a tile (registers: kRows int32 sums, kRows float sums)
+// Rows of x per pass over a tile: kRows int32 sums and kRows float sums stay in registers (32 of AVX-512's,
+// 16 of AVX2's, which hold half a tile each).
+#if defined(__AVX512BW__)
+constexpr int64_t kRows = 8;
+#else
+constexpr int64_t kRows = 4;
+#endif
 constexpr int64_t kRowBlock = 64;    // rows of x kept hot while a thread's tiles pass over them
 
 inline float bfloat16_value(uint16_t bits) {
@@ -149,8 +155,8 @@ void tile_rows(const int8_t* codes, const uint16_t* scales, const int16_t* x, co
 
 using TileRows = void (*)(const int8_t*, const uint16_t*, const int16_t*, const float*, int64_t, int64_t, float*,
                           int64_t);
-constexpr TileRows kTileRows[kRows] = {tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
-                                       tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
+constexpr TileRows kTileRows[8] = {tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
+                                   tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
 
 }  // namespace
 
