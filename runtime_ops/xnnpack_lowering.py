@@ -267,12 +267,11 @@ def unchanged_submodules_not_recompiled() -> Iterator[None]:
 
 
 class DownstreamBits:
-    """Which nodes of a graph lead from each node, as ``_DependencyViewer`` of ExecuTorch's group
-    partitioner and torch's partitioner answer it, with each node's downstream nodes held as the bits of one
-    integer (bit i: the graph's i-th node) rather than a set. A set costs 30 to 60 bytes a member, and most
-    nodes of a program lead to most of the nodes after them; the bits cost one bit. ``downstreams_of`` and
-    ``upstreams_of`` give the sets the viewers give, built on each call, for any caller other than
-    ``merges_checked_on_sets``'s, which works on the bits."""
+    """Which nodes of a graph lead from each node, what ``_DependencyViewer`` of ExecuTorch's group
+    partitioner holds as sets, held as the bits of one integer a node (bit i: the graph's i-th node). A set
+    costs 30 to 60 bytes a member, and most nodes of a program lead to most of the nodes after them; the
+    bits cost one bit. Only ``merges_checked_on_sets``'s merge check asks it, on the bits: the partitioner
+    asks nothing else of its viewer."""
 
     def __init__(self, graph_module) -> None:
         self.nodes = list(graph_module.graph.nodes)
@@ -293,18 +292,6 @@ class DownstreamBits:
             if index is not None:
                 bits[index >> 3] |= 1 << (index & 7)
         return int.from_bytes(bits, "little")
-
-    def downstreams_of(self, node) -> set:
-        bits, found = self.bits.get(node, 0), set()
-        while bits:
-            low = bits & -bits
-            found.add(self.nodes[low.bit_length() - 1])
-            bits ^= low
-        return found
-
-    def upstreams_of(self, node) -> set:
-        bit = 1 << self.position[node] if node in self.position else 0
-        return {other for other, bits in self.bits.items() if bits & bit}
 
 
 class _NotBuilt:
