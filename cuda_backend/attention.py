@@ -23,7 +23,7 @@ from gdn_export.models.qwen35 import GatedAttention
 
 # A full-attention layer's projections of its input, merged into one product (``CudaTritonBackend.merged_linears``)
 # in this order, so the product's output is [q_0 | gate_0 | q_1 | gate_1 | ... | k | v].
-ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
+ATTENTION_PROJECTIONS = GatedAttention.INPUT_PROJECTIONS
 
 
 class CudaCachedAttention(nn.Module):

@@ -22,7 +22,7 @@ from gdn_export.models.qwen35 import GatedDeltaNet
 
 # A Gated DeltaNet layer's projections of its input, merged into one product (``CudaTritonBackend.merged_linears``)
 # in this order, so the product's output is [qkv | z | b | a].
-INPUT_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+INPUT_PROJECTIONS = GatedDeltaNet.INPUT_PROJECTIONS
 
 
 class CudaFusedRecurrence(nn.Module):

@@ -165,9 +165,25 @@ class GroupedInt8Linear(nn.Module):
         from gdn_export.ops.grouped_int8_linear import to_grouped_int8
 
         weight, scales = to_grouped_int8(linear.weight.detach())
+        self._hold(weight, scales, linear.bias)
+
+    def _hold(self, weight: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
+        from gdn_export.ops.grouped_int8_linear import check_weight
+
+        self.out_features, self.in_features, self.group = check_weight(weight, scales)
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
-        self.bias = linear.bias
+        self.bias = bias
+
+    @classmethod
+    def stacked(cls, linears: list, bias: Optional[torch.Tensor]) -> "GroupedInt8Linear":
+        """One layer whose output is the outputs of ``linears`` (one input size and group) side by side, plus
+        ``bias``: their tiles of 16 outputs in order, each output's codes and scales as they were."""
+        stacked = cls.__new__(cls)
+        nn.Module.__init__(stacked)
+        stacked._hold(torch.cat([linear.weight for linear in linears]),
+                      torch.cat([linear.scales for linear in linears]), bias)
+        return stacked
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         output = torch.ops.gdn.grouped_int8_linear(x.float(), self.weight, self.scales).to(x.dtype)

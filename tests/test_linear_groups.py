@@ -54,3 +54,55 @@ def test_merging_refuses_what_is_not_one_input(generator):
     layer.k = nn.Identity()
     with pytest.raises(TypeError, match="Layer.k is a Identity, not an nn.Linear"):
         merge_linears(layer, ("q", "k"))
+
+
+def test_grouped_int8_projections_merge_to_the_same_outputs(generator, seed):
+    """16da8w's GroupedInt8Linear layers stack their tiles: each output of the merged product is exactly what its
+    own layer computed (the same codes, scales and int16 input)."""
+    import gdn_export  # noqa: F401  (the gdn ops' kernels)
+    from gdn_export.quantize import GroupedInt8Linear
+
+    layer = Layer(generator)
+    for name, rows in (("q", 32), ("k", 16), ("v", 48)):
+        linear = nn.Linear(64, rows, bias=name != "k")
+        with torch.no_grad():
+            for parameter in linear.parameters():
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+        setattr(layer, name, GroupedInt8Linear(linear))
+    x = torch.randn(3, 5, 64, generator=generator)
+    expected = [output.clone() for output in layer(x)]
+    group = merge_linears(layer, ("q", "k", "v"))
+    assert isinstance(group.projection, GroupedInt8Linear) and group.projection.out_features == 96
+    assert torch.equal(group.projection.bias[32:48], torch.zeros(16))
+    for actual, wanted in zip(layer(x), expected):
+        assert torch.equal(actual, wanted), f"seed {seed}"
+
+
+def test_xnnpack_merges_a_16da8w_layers_projections(tmp_path, generator, seed, monkeypatch):
+    """The XNNPACK rewrite computes a layer's input projections as one product where all are 16da8w's grouped
+    int8 linears, and leaves other layers (and other quantizations) alone; the model's logits do not change."""
+    import copy
+
+    from gdn_export.loading import load_qwen35
+    from gdn_export.models.qwen35 import MLP, GatedAttention, GatedDeltaNet
+    from gdn_export.passes import rewrite
+    from gdn_export.passes.linear_groups import LinearGroup
+    from gdn_export.quantize import GroupedInt8Linear, quantize_model
+    from gdn_export.tiny import make_tiny_checkpoint
+
+    model = quantize_model(load_qwen35(make_tiny_checkpoint(tmp_path / "tiny", seed=seed), max_seq_len=32), "16da8w")
+    layers = {name: m for name, m in model.named_modules() if type(m) in (GatedDeltaNet, GatedAttention, MLP)}
+    mergeable = {name for name, m in layers.items()
+                 if all(isinstance(getattr(m, child), GroupedInt8Linear) for child in m.INPUT_PROJECTIONS)}
+    assert mergeable, "the tiny model should have a layer whose projections are all grouped int8"
+    from runtime_ops.backend import XnnpackBackend
+
+    merged = rewrite(copy.deepcopy(model), backend="xnnpack")
+    monkeypatch.setattr(XnnpackBackend, "merged_linears", lambda self, layer: [])
+    plain = rewrite(model, backend="xnnpack")
+    for name in layers:
+        groups = [child for child in merged.get_submodule(name).children() if isinstance(child, LinearGroup)]
+        assert len(groups) == (1 if name in mergeable else 0), name
+    tokens = torch.randint(3, 200, (1, 9), generator=generator)
+    with torch.no_grad():
+        assert torch.equal(merged(tokens, torch.tensor([0])), plain(tokens, torch.tensor([0]))), f"seed {seed}"

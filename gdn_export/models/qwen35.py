@@ -251,6 +251,8 @@ class GatedDeltaNet(nn.Module):
     # The decoding state this layer keeps (see Qwen35ForCausalLM.state_buffers): both
     # summarize every position seen, so neither has a position dim.
     STATE_POSITION_DIMS = {"conv_state": None, "recurrent_state": None}
+    # The linear children that read the layer's input x (a backend may compute them as one product).
+    INPUT_PROJECTIONS = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
 
     def __init__(self, config: Qwen35Config):
         super().__init__()
@@ -352,6 +354,8 @@ class MaskedCacheAttention(nn.Module):
 class GatedAttention(nn.Module):
     # The decoding state this layer keeps: one cache entry per position, along these dims.
     STATE_POSITION_DIMS = {"k_cache": 2, "v_cache": 1}
+    # The linear children that read the layer's input x (a backend may compute them as one product).
+    INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
     def __init__(self, config: Qwen35Config, max_seq_len: int):
         super().__init__()
@@ -394,6 +398,9 @@ class GatedAttention(nn.Module):
 
 
 class MLP(nn.Module):
+    # The linear children that read the layer's input x (a backend may compute them as one product).
+    INPUT_PROJECTIONS = ("gate_proj", "up_proj")
+
     def __init__(self, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
