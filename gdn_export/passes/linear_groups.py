@@ -37,19 +37,21 @@ def stacked_linear(linears: Sequence[nn.Module]) -> nn.Module:
         raise ValueError("stacked_linear: the layers must all be nn.Linear or all GroupedInt8Linear of one group, "
                          f"got {', '.join(type(linear).__name__ for linear in linears)}")
     has_bias = any(linear.bias is not None for linear in linears)
-    bias_dtype = next((linear.bias.dtype for linear in linears if linear.bias is not None), first.dtype)
-    biases = [linear.bias if linear.bias is not None else
-              torch.zeros(linear.out_features, dtype=bias_dtype, device=first.device) for linear in linears]
-    if grouped != {False}:
-        return GroupedInt8Linear.stacked(list(linears), nn.Parameter(torch.cat(biases), requires_grad=False)
-                                         if has_bias else None)
-    stacked = nn.Linear(in_features.pop(), sum(linear.out_features for linear in linears), bias=has_bias,
-                        device="meta")
     with torch.no_grad():
+        # A missing bias is zeros of the others' dtype (a grouped layer's weight is int8).
+        bias_dtype = next((linear.bias.dtype for linear in linears if linear.bias is not None), first.dtype)
+        bias = torch.cat([linear.bias if linear.bias is not None else
+                          torch.zeros(linear.out_features, dtype=bias_dtype, device=first.device)
+                          for linear in linears]) if has_bias else None
+        if grouped != {False}:
+            return GroupedInt8Linear.stacked(list(linears), None if bias is None else
+                                             nn.Parameter(bias, requires_grad=False))
+        stacked = nn.Linear(in_features.pop(), sum(linear.out_features for linear in linears), bias=has_bias,
+                            device="meta")
         stacked.weight = nn.Parameter(torch.cat([linear.weight for linear in linears]),
                                       requires_grad=first.requires_grad)
         if has_bias:
-            stacked.bias = nn.Parameter(torch.cat(biases), requires_grad=first.requires_grad)
+            stacked.bias = nn.Parameter(bias, requires_grad=first.requires_grad)
     return stacked
 
 
