@@ -87,7 +87,7 @@ class XnnpackBackend(CpuBackend):
             return []
         projections = [getattr(layer, name) for name in layer.INPUT_PROJECTIONS]
         if all(isinstance(linear, GroupedInt8Linear) for linear in projections) and \
-                len({(linear.in_features, linear.group) for linear in projections}) == 1:
+                len({linear.group for linear in projections}) == 1:  # one input x: one input size
             return [layer.INPUT_PROJECTIONS]
         return []
 

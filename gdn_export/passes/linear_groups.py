@@ -38,11 +38,11 @@ def stacked_linear(linears: Sequence[nn.Module]) -> nn.Module:
                          f"got {', '.join(type(linear).__name__ for linear in linears)}")
     has_bias = any(linear.bias is not None for linear in linears)
     with torch.no_grad():
-        # A missing bias is zeros of the others' dtype (a grouped layer's weight is int8).
-        bias_dtype = next((linear.bias.dtype for linear in linears if linear.bias is not None), first.dtype)
-        bias = torch.cat([linear.bias if linear.bias is not None else
-                          torch.zeros(linear.out_features, dtype=bias_dtype, device=first.device)
-                          for linear in linears]) if has_bias else None
+        bias = None
+        if has_bias:  # a missing bias is zeros of the others' dtype (a grouped layer's weight is int8)
+            dtype = next(linear.bias.dtype for linear in linears if linear.bias is not None)
+            bias = torch.cat([linear.bias if linear.bias is not None else
+                              torch.zeros(linear.out_features, dtype=dtype, device=first.device) for linear in linears])
         if grouped != {False}:
             return GroupedInt8Linear.stacked(list(linears), None if bias is None else
                                              nn.Parameter(bias, requires_grad=False))
