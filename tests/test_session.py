@@ -152,7 +152,7 @@ def test_gdn_run_save_load_and_prompt_cache(programs, seed, tmp_path, capsys):
     assert run_main([*program, "--prompt", text_1, "--max-new-tokens", "6", "--save-state", str(state)]) == 0
     capsys.readouterr()
     assert run_main([*program, "--prompt", text_2, "--max-new-tokens", "8", "--load-state", str(state)]) == 0
-    continued = capsys.readouterr().out.rstrip("\n")
+    continued = capsys.readouterr().out.removesuffix("\n")
     saved = read_state_file(state)
     expected = one_shot(programs.program(name), saved.tokens + tokenizer.encode(text_2).ids, 8)
     assert continued == streamed(tokenizer, expected)
@@ -163,7 +163,7 @@ def test_gdn_run_save_load_and_prompt_cache(programs, seed, tmp_path, capsys):
         captured = capsys.readouterr()
         assert f"reused {reused} of {len(tokenizer.encode(prompt).ids)} prompt tokens" in captured.err
         expected = one_shot(programs.program(name), tokenizer.encode(prompt).ids, 5)
-        assert captured.out.rstrip("\n") == streamed(tokenizer, expected)
+        assert captured.out.removesuffix("\n") == streamed(tokenizer, expected)
 
 
 def test_chat_feeds_each_turn_once_and_continues_as_one_shot(programs, seed, monkeypatch, capsys):
