@@ -16,9 +16,9 @@ backend offers):
   passes over the program where ``to_edge`` takes one. Each method with a partitioner is decomposed
   here, functional at once, and ExecuTorch's two re-traces leave it as it is when they have nothing to do.
 * ``edge_passes_where_applicable``. ExecuTorch's conversion to its edge dialect runs a dozen passes over each
-  method, each re-tracing it. Three of them rewrite only what our programs no longer hold once decomposed
-  (``EDGE_PASS_REWRITES``: a node of ``aten.t``, a view op, a symbolic value where a tensor is expected), and are
-  skipped for a program without it.
+  method, each re-tracing it. Four of them rewrite only what our programs no longer hold once decomposed
+  (``EDGE_PASS_REWRITES``: a node of ``aten.t``, a view op, a symbolic value where a tensor is expected, an
+  arithmetic op whose operands' dtypes differ), and are skipped for a program without it.
 * ``only_applicable_passes``. XNNPACK's ``preprocess`` runs its whole pass list (17 passes in
   ExecuTorch 1.5.1) over each of our 100 or more partitions, and most passes re-trace the
   partition, though they rewrite ops that our programs never give XNNPACK (batch norm,
@@ -77,6 +77,9 @@ REWRITTEN_OPS: dict[str, tuple[str, ...]] = {
     "Conv1dUnsqueezePass": ("aten.convolution.default",),
     "PReLUReshapePass": ("aten._prelu_kernel.default",),
     "RemoveRedundantCopyPass": ("aten._to_copy.default",),
+    # It turns ExecuTorch's dim-order ops back into the memory-format ops XNNPACK reads (its source's map).
+    "DimOrderOpsRevertPass": ("dim_order_ops._to_dim_order_copy.default", "dim_order_ops._empty_dim_order.default",
+                              "dim_order_ops._clone_dim_order.default"),
 }
 
 
@@ -179,12 +182,57 @@ def _passes_a_symbol_as_a_tensor(graph_module) -> bool:
     return False
 
 
+def _promotion_kinds() -> dict:
+    """The ops RemoveMixedTypeOperators casts the operands of, each with its type promotion (from its source)."""
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND as KIND
+
+    aten = torch.ops.aten
+    return {aten.add.Tensor: KIND.DEFAULT, aten.mul.Tensor: KIND.DEFAULT, aten.sub.Tensor: KIND.DEFAULT,
+            aten.div.Tensor: KIND.INT_TO_FLOAT, aten.div.Tensor_mode: KIND.DEFAULT, aten.minimum.default: KIND.DEFAULT}
+
+
+def _operand(graph_module, argument) -> Optional[torch.Tensor]:
+    """What the pass sees of an operand: a node's (fake) tensor, or the constant tensor a ``get_attr`` names;
+    None for anything else (a symbol, a Python number), which the check leaves to the pass."""
+    if not isinstance(argument, torch.fx.Node):
+        return None
+    if argument.op == "get_attr":
+        owner = graph_module
+        for name in argument.target.split("."):
+            owner = getattr(owner, name, None)
+        return owner if isinstance(owner, torch.Tensor) else None
+    value = argument.meta.get("val")
+    return value if isinstance(value, torch.Tensor) else None
+
+
+def _mixes_dtypes(graph_module) -> bool:
+    """What RemoveMixedTypeOperators rewrites: an add, sub, mul, div or minimum with an operand whose dtype is not
+    the one the operands promote to (the pass casts it). An operand the check cannot read counts as mixed."""
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    kinds = _promotion_kinds()
+    for node in graph_module.graph.nodes:
+        kind = kinds.get(node.target) if node.op == "call_function" else None
+        if kind is None or len(node.args) <= 1:
+            continue
+        if node.target is torch.ops.aten.div.Tensor_mode and node.kwargs.get("rounding_mode") is None:
+            kind = ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
+        operands = [_operand(graph_module, argument) for argument in node.args]
+        if any(operand is None for operand in operands):
+            return True
+        promoted = elementwise_dtypes(*operands, type_promotion_kind=kind)[1]
+        if any(operand.dtype != promoted for operand in operands):
+            return True
+    return False
+
+
 # An edge-dialect pass (its class name) -> whether a graph holds what it rewrites, read off its source: it changes
 # nothing in a graph without it.
 EDGE_PASS_REWRITES = {
     "NormalizeTransposePass": _holds_a_transpose,  # aten.t -> aten.t_copy
     "ReplaceBrokenOpsWithFunctionalOpsPass": _holds_a_view_op,  # each view op -> its _copy op
     "SymToTensorPass": _passes_a_symbol_as_a_tensor,
+    "RemoveMixedTypeOperators": _mixes_dtypes,
 }
 
 

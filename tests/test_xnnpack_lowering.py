@@ -108,10 +108,16 @@ class TransposesAndViews(nn.Module):
         return x.t() * 2, x.view(-1) + 1
 
 
+class MixedTypes(nn.Module):
+    def forward(self, x, counts):
+        return x * counts  # float32 times int64: the int64 operand is cast
+
+
 def test_edge_pass_checks_see_what_their_pass_rewrites(dense_checkpoint, generator, tmp_path):
     """Where a check says no, its pass leaves the graph as it was: the graphs of the tiny model's export (what the
     checks see inside ``edge_passes_where_applicable``) each go through the pass itself. Where the pass rewrites
-    (a transpose and a reshape, traced as ``aten.t`` and ``aten.view``), its check says yes."""
+    (a transpose and a reshape, traced as ``aten.t`` and ``aten.view``; a float times an int64 tensor), its check
+    says yes."""
     import copy
 
     import executorch.exir.program._program as program_module
@@ -141,6 +147,13 @@ def test_edge_pass_checks_see_what_their_pass_rewrites(dense_checkpoint, generat
     for name in ("NormalizeTransposePass", "ReplaceBrokenOpsWithFunctionalOpsPass"):
         assert checks[name](graph_module), name
         assert passes[name](copy.deepcopy(graph_module)).graph_module.code != graph_module.code, name
+
+    counts = torch.randint(1, 9, (3, 5), generator=generator)
+    program = torch.export.export(MixedTypes(), (torch.randn(3, 5, generator=generator), counts), strict=False)
+    graph_module = program.run_decompositions({}).graph_module
+    assert checks["RemoveMixedTypeOperators"](graph_module)
+    rewritten = passes["RemoveMixedTypeOperators"](copy.deepcopy(graph_module)).graph_module
+    assert "_to_copy" in rewritten.code and "_to_copy" not in graph_module.code
 
 
 def weights_of(edge_program) -> list:

@@ -316,7 +316,9 @@ def rotary_embedding(positions: torch.Tensor, config: Qwen35Config, dtype: torch
     """
     dim = config.rotary_dim
     channels = torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device)
-    inv_freq = 1.0 / (config.rope_theta ** (channels / dim))
+    # A float divisor: an int one is a mixed-type division, the one op for which ExecuTorch's edge lowering
+    # re-traces the whole program to insert a cast (runtime_ops.xnnpack_lowering's EDGE_PASS_REWRITES).
+    inv_freq = 1.0 / (config.rope_theta ** (channels / float(dim)))
     freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, dim / 2]
     angles = torch.cat((freqs, freqs), dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
