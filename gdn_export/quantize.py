@@ -84,8 +84,6 @@ VOCABULARY_MODULES = ("embed_tokens", "lm_head")
 EIGHT_BIT_MODULES = VOCABULARY_MODULES + ("in_proj_a", "in_proj_b")
 # fit_int4_scales' candidates: the group's largest magnitude over each of these is a starting scale.
 INT4_SCALE_DIVISORS = tuple(6.0 + 0.25 * step for step in range(13))  # 6.0 to 9.0
-# fit_int4_scales works on blocks of rows of about this many weights.
-FIT_BLOCK_ELEMENTS = 1 << 19
 # int8_rows works on blocks of rows of about this many weights (64 MiB in fp32).
 INT8_ROWS_BLOCK_ELEMENTS = 1 << 24
 
@@ -246,7 +244,8 @@ def module_mode(name: str, mode: str) -> str:
 
 def fit_int4_scales(weight: torch.Tensor, group_size: int) -> torch.Tensor:
     """Per group of ``group_size`` weights along each row, the positive scale ``s`` whose symmetric int4
-    rounding ``clamp(round(w / s), -8, 7) * s`` has the least squared error among those tried.
+    rounding ``clamp(round(w / s), -8, 7) * s`` has the least squared error among those tried
+    (``gdn::fit_int4_scales``, C++ where ``runtime_ops`` is loaded).
 
     XNNPACK takes positive scales only, so Q4_0's trick (a signed scale that
     maps the group's largest magnitude to -8 whatever its sign) is out. Each
@@ -259,36 +258,9 @@ def fit_int4_scales(weight: torch.Tensor, group_size: int) -> torch.Tensor:
     scale near max / 7, one whose largest is negative max / 8.
     Returns ``[rows, columns / group_size]`` float32 scales.
     """
-    rows, columns = weight.shape
-    # Each group's scale depends on its group only, so blocks of rows give the same scales; a block's 39
-    # passes stay in cache, where a whole matrix's went to memory (2.5x faster on 0.8B's matrices).
-    block = max(1, FIT_BLOCK_ELEMENTS // columns)
-    return torch.cat([_fit_int4_block(weight[start:start + block], group_size) for start in range(0, rows, block)])
+    import gdn_export.ops  # noqa: F401  (defines the op)
 
-
-def _fit_int4_block(weight: torch.Tensor, group_size: int) -> torch.Tensor:
-    rows, columns = weight.shape
-    groups = weight.detach().float().reshape(rows, columns // group_size, group_size)
-    largest = groups.abs().amax(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
-    levels = torch.empty_like(groups)  # each rounding is written here, in place (the same values, fewer temporaries)
-    best_error = best_scale = None
-    for divisor in INT4_SCALE_DIVISORS:
-        scale = largest / divisor
-        for _ in range(2):
-            torch.div(groups, scale[..., None], out=levels).round_().clamp_(-8, 7)
-            energy = (levels * levels).sum(dim=-1)
-            fitted = (groups * levels).sum(dim=-1) / energy.clamp_min(1.0)
-            # An all-zero rounding or a non-positive fit keeps the scale it had.
-            scale = torch.where((energy > 0) & (fitted > 0), fitted, scale)
-        torch.div(groups, scale[..., None], out=levels).round_().clamp_(-8, 7)
-        residual = levels.mul_(scale[..., None]).sub_(groups)
-        error = (residual * residual).sum(dim=-1)
-        if best_error is None:
-            best_error, best_scale = error, scale
-        else:
-            better = error < best_error
-            best_error, best_scale = torch.where(better, error, best_error), torch.where(better, scale, best_scale)
-    return best_scale
+    return torch.ops.gdn.fit_int4_scales(weight.detach().float().contiguous(), group_size, list(INT4_SCALE_DIVISORS))
 
 
 def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:

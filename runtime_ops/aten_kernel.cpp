@@ -1,4 +1,5 @@
-// Eager PyTorch entry: the CPU kernels of gdn::gated_delta_rule (+ .out).
+// Eager PyTorch entry: the CPU kernels of gdn::gated_delta_rule (+ .out) and of the export's
+// gdn::fit_int4_scales.
 //
 // The schemas are defined in Python (gdn_export/ops/contract.py); this file
 // only registers CPU implementations of them. Inputs may be any strided
@@ -8,9 +9,12 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "gated_delta_rule.h"
+#include "int4_scales.h"
 
 namespace gdn {
 namespace {
@@ -134,10 +138,31 @@ std::tuple<at::Tensor&, at::Tensor&> gated_delta_rule_out(const at::Tensor& quer
   return {output, final_state};
 }
 
+at::Tensor fit_int4_scales_functional(const at::Tensor& weight, int64_t group_size, at::ArrayRef<double> divisors) {
+  TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == at::kFloat && weight.device().is_cpu(),
+              "gdn.fit_int4_scales: weight must be a 2-d torch.float32 tensor on cpu, got ",
+              dtype_name(weight.scalar_type()), " ", weight.sizes(), " on ", weight.device());
+  TORCH_CHECK(group_size > 0 && weight.size(1) % group_size == 0,
+              "gdn.fit_int4_scales: group_size must be positive and divide the ", weight.size(1),
+              " columns of weight, got ", group_size);
+  std::vector<float> candidates(divisors.begin(), divisors.end());
+  TORCH_CHECK(!candidates.empty() && std::all_of(candidates.begin(), candidates.end(), [](float d) { return d > 0; }),
+              "gdn.fit_int4_scales: divisors must be one or more positive numbers, got ", divisors);
+  const at::Tensor rows = weight.contiguous();
+  at::Tensor scales = at::empty({weight.size(0), weight.size(1) / group_size}, weight.options());
+  gdn::fit_int4_scales(rows.data_ptr<float>(), weight.size(0), weight.size(1), group_size, candidates.data(),
+                       static_cast<int64_t>(candidates.size()), scales.data_ptr<float>(),
+                       [](int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
+                         at::parallel_for(begin, end, 1, body);
+                       });
+  return scales;
+}
+
 }  // namespace
 }  // namespace gdn
 
 TORCH_LIBRARY_IMPL(gdn, CPU, m) {
+  m.impl("fit_int4_scales", &gdn::fit_int4_scales_functional);
   m.impl("gated_delta_rule", &gdn::gated_delta_rule_functional);
   m.impl("gated_delta_rule.out", &gdn::gated_delta_rule_out);
 }
