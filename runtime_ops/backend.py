@@ -103,6 +103,7 @@ class XnnpackBackend(CpuBackend):
     def lower(self, programs: dict, metadata: dict):
         from runtime_ops.xnnpack_lowering import (
             decomposed_once,
+            edge_ops_and_dim_order_in_one_trace,
             edge_passes_where_applicable,
             functional_programs_kept,
             merges_checked_on_sets,
@@ -114,14 +115,14 @@ class XnnpackBackend(CpuBackend):
 
         # Each skips work that changes nothing in our programs (runtime_ops/xnnpack_lowering.py): XNNPACK's
         # passes for ops our partitions never hold, a copy of every weight for them, a re-trace only to make
-        # forward functional, edge passes with nothing to rewrite, the method's code regenerated after each
-        # of its partitions, and merge checks walked node by node. With the export's collector thresholds
+        # forward functional, edge passes with nothing to rewrite (and two that run as one), the method's code
+        # regenerated after each of its partitions, and merge checks walked node by node. With the export's collector thresholds
         # (gdn_export.export) they took the 0.8B 8da4w export from 272 s to about 100 s, same bytes.
         decomposed = decomposed_once(programs, self.partitioners)
         ready = [program for name, program in decomposed.items() if program is not programs[name]]
         with only_applicable_passes(), preprocess_sharing_weights(), functional_programs_kept(ready), \
-                edge_passes_where_applicable(), unchanged_submodules_not_recompiled(), merges_checked_on_sets(), \
-                weights_freed_once_serialized():
+                edge_passes_where_applicable(), edge_ops_and_dim_order_in_one_trace(), unchanged_submodules_not_recompiled(), \
+                merges_checked_on_sets(), weights_freed_once_serialized():
             return super().lower(decomposed, metadata)
 
     def partitioners(self, method: str) -> list:

@@ -19,6 +19,8 @@ backend offers):
   method, each re-tracing it. Four of them rewrite only what our programs no longer hold once decomposed
   (``EDGE_PASS_REWRITES``: a node of ``aten.t``, a view op, a symbolic value where a tensor is expected, an
   arithmetic op whose operands' dtypes differ), and are skipped for a program without it.
+* ``edge_ops_and_dim_order_in_one_trace``. The last two of those passes, to edge ops and to dim-order ops,
+  each rewrite one node at a time; they run as one re-trace.
 * ``only_applicable_passes``. XNNPACK's ``preprocess`` runs its whole pass list (17 passes in
   ExecuTorch 1.5.1) over each of our 100 or more partitions, and most passes re-trace the
   partition, though they rewrite ops that our programs never give XNNPACK (batch norm,
@@ -258,6 +260,53 @@ def edge_passes_where_applicable() -> Iterator[None]:
         return [where_applicable(each) for each in before], after
 
     with replaced_attribute(program_module, "_get_aten_to_edge_passes", applicable_edge_passes):
+        yield
+
+
+@contextlib.contextmanager
+def edge_ops_and_dim_order_in_one_trace() -> Iterator[None]:
+    """While open, ExecuTorch's last two steps into its edge dialect, ``OpReplacePass`` (each ATen op to its edge
+    op) and ``MemoryFormatOpsPass`` (the edge ops that take a memory format to those that take a dim order), run
+    as one re-trace where they were two: each rewrites one node at a time from what the node calls and reads,
+    so rewriting each node by both in turn gives the graph the two passes give (tests/test_xnnpack_lowering.py
+    compares the bytes). Where ExecuTorch asks for the second after the first has run, it gets the second."""
+    import executorch.exir.program._program as program_module
+    from executorch.exir.pass_base import ExportPass
+    from executorch.exir.passes.memory_format_ops_pass import MemoryFormatOpsPass
+    from executorch.exir.passes.replace_aten_with_edge_pass import aten_to_edge, should_lower_to_edge
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    class EdgeOpsWithDimOrder(MemoryFormatOpsPass):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dim_order = False  # set when ExecuTorch asks for MemoryFormatOpsPass before this has run
+            self.ran = False
+
+        def call_operator(self, op, args, kwargs, meta):
+            if should_lower_to_edge(op):
+                op = aten_to_edge(op)
+            if self.dim_order:
+                return super().call_operator(op, args, kwargs, meta)
+            return ExportPass.call_operator(self, op, args, kwargs, meta)
+
+        def call(self, graph_module):
+            self.ran = True
+            return super().call(graph_module)
+
+    made: list = []
+
+    def op_replace_pass():
+        made.append(EdgeOpsWithDimOrder())
+        return made[-1]
+
+    def memory_format_ops_pass():
+        if made and not made[-1].ran and not made[-1].dim_order:
+            made[-1].dim_order = True
+            return lambda graph_module: PassResult(graph_module, False)
+        return MemoryFormatOpsPass()
+
+    with replaced_attribute(program_module, "OpReplacePass", op_replace_pass), \
+            replaced_attribute(program_module, "MemoryFormatOpsPass", memory_format_ops_pass):
         yield
 
 

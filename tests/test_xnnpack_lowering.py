@@ -248,8 +248,8 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
     monkeypatch.setattr(lowering, "OneDecompositionXnnpackPartitioner", XnnpackPartitioner)
     monkeypatch.setattr(lowering, "decomposed_once", lambda programs, partitioners: programs)
     monkeypatch.setattr(lowering, "functional_programs_kept", lambda programs: contextlib.nullcontext())
-    for shortcut in ("edge_passes_where_applicable", "unchanged_submodules_not_recompiled", "merges_checked_on_sets",
-                     "weights_freed_once_serialized"):
+    for shortcut in ("edge_passes_where_applicable", "edge_ops_and_dim_order_in_one_trace",
+                     "unchanged_submodules_not_recompiled", "merges_checked_on_sets", "weights_freed_once_serialized"):
         monkeypatch.setattr(lowering, shortcut, contextlib.nullcontext)
     theirs = tmp_path / "theirs.pte"
     with Recorder() as recorder:
