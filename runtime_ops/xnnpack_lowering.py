@@ -21,6 +21,8 @@ backend offers):
   arithmetic op whose operands' dtypes differ), and are skipped for a program without it.
 * ``edge_ops_and_dim_order_in_one_trace``. The last two of those passes, to edge ops and to dim-order ops,
   each rewrite one node at a time; they run as one re-trace.
+* ``portable_dim_order_legalized_where_needed``. ``to_executorch`` re-traces each method to copy the input of a
+  pooling, expand, mean or sum outside the delegates into the default dim order; ours are all in it already.
 * ``only_applicable_passes``. XNNPACK's ``preprocess`` runs its whole pass list (17 passes in
   ExecuTorch 1.5.1) over each of our 100 or more partitions, and most passes re-trace the
   partition, though they rewrite ops that our programs never give XNNPACK (batch norm,
@@ -260,6 +262,42 @@ def edge_passes_where_applicable() -> Iterator[None]:
         return [where_applicable(each) for each in before], after
 
     with replaced_attribute(program_module, "_get_aten_to_edge_passes", applicable_edge_passes):
+        yield
+
+
+def needs_default_dim_order(graph_module) -> bool:
+    """What ExecuTorch's LegalizePortableDimOrderPass (in ``to_executorch``) rewrites: an op of its list (pooling,
+    expand, mean, sum), outside the delegates, whose input is not in the default dim order; it copies the input
+    to that order first. A graph with submodules of its own (control flow), which the pass enters, counts as
+    holding one, as does such an op whose input the check cannot read."""
+    from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass
+
+    if any(isinstance(child, torch.fx.GraphModule) for child in graph_module.children()):
+        return True
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function" or node.target not in LegalizePortableDimOrderPass._target_ops:
+            continue
+        value = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or [int(d) for d in value.dim_order()] != list(range(value.dim())):
+            return True
+    return False
+
+
+@contextlib.contextmanager
+def portable_dim_order_legalized_where_needed() -> Iterator[None]:
+    """While open, ExecuTorch's LegalizePortableDimOrderPass re-traces only a program that
+    ``needs_default_dim_order``: ours keep every tensor in the default order."""
+    import executorch.exir.program._program as program_module
+    from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    class WhereNeeded(LegalizePortableDimOrderPass):
+        def call(self, graph_module):
+            if not needs_default_dim_order(graph_module):
+                return PassResult(graph_module, False)
+            return super().call(graph_module)
+
+    with replaced_attribute(program_module, "LegalizePortableDimOrderPass", WhereNeeded):
         yield
 
 

@@ -156,6 +156,38 @@ def test_edge_pass_checks_see_what_their_pass_rewrites(dense_checkpoint, generat
     assert "_to_copy" in rewritten.code and "_to_copy" not in graph_module.code
 
 
+def test_default_dim_order_check_sees_what_its_pass_rewrites(generator):
+    """needs_default_dim_order says yes for a mean over a channels-last tensor, which LegalizePortableDimOrderPass
+    rewrites (it copies the input to the default order first), and no for the same mean over a contiguous one,
+    which the pass leaves as it was."""
+    import copy
+
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from runtime_ops.xnnpack_lowering import needs_default_dim_order
+
+    def mean_over(memory_format):
+        with FakeTensorMode() as mode:
+            x = mode.from_tensor(torch.randn(2, 3, 4, 5, generator=generator).contiguous(memory_format=memory_format))
+        graph = torch.fx.Graph()
+        node = graph.placeholder("x")
+        node.meta["val"] = x
+        mean = graph.call_function(exir_ops.edge.aten.mean.dim, (node, [1], True))
+        with mode:
+            mean.meta["val"] = x.mean(dim=[1], keepdim=True)
+        graph.output(mean)
+        return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+    channels_last, contiguous = mean_over(torch.channels_last), mean_over(torch.contiguous_format)
+    assert needs_default_dim_order(channels_last) and not needs_default_dim_order(contiguous)
+    rewritten = LegalizePortableDimOrderPass()(copy.deepcopy(channels_last)).graph_module
+    assert "_to_dim_order_copy" in rewritten.code
+    kept = LegalizePortableDimOrderPass()(copy.deepcopy(contiguous)).graph_module
+    assert "_to_dim_order_copy" not in kept.code
+
+
 def weights_of(edge_program) -> list:
     return [tensor for values in (edge_program.state_dict, edge_program.constants)
             for tensor in values.values() if isinstance(tensor, torch.Tensor)]
@@ -249,7 +281,8 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
     monkeypatch.setattr(lowering, "decomposed_once", lambda programs, partitioners: programs)
     monkeypatch.setattr(lowering, "functional_programs_kept", lambda programs: contextlib.nullcontext())
     for shortcut in ("edge_passes_where_applicable", "edge_ops_and_dim_order_in_one_trace",
-                     "unchanged_submodules_not_recompiled", "merges_checked_on_sets", "weights_freed_once_serialized"):
+                     "portable_dim_order_legalized_where_needed", "unchanged_submodules_not_recompiled",
+                     "merges_checked_on_sets", "weights_freed_once_serialized"):
         monkeypatch.setattr(lowering, shortcut, contextlib.nullcontext)
     theirs = tmp_path / "theirs.pte"
     with Recorder() as recorder:

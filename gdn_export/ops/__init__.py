@@ -12,6 +12,6 @@ from gdn_export.ops import attention, contract, fused, grouped_int8_linear, int4
 from gdn_export.ops.reference import chunked_gated_delta_rule, recurrent_gated_delta_rule
 
 __all__ = [
-    "attention", "contract", "fused", "grouped_int8_linear", "int4_scales", "reference", "vocabulary_planes", "chunked_gated_delta_rule",
-    "recurrent_gated_delta_rule",
+    "attention", "contract", "fused", "grouped_int8_linear", "int4_scales", "reference", "vocabulary_planes",
+    "chunked_gated_delta_rule", "recurrent_gated_delta_rule",
 ]
