@@ -208,11 +208,13 @@ def eager_step_logits(model, prompt_ids, continuation):
     # embedding, which is 8-bit since), where unrelated logits give ~1.4.
     # (Argmax agreement is no measure here: a random model's top logits are near ties.)
     # int8wo runs on XNNPACK's int8-weight kernels, and on portable as a weight widened at each call;
-    # 16da8w's linears on gdn::grouped_int8_linear, its table and head as int8wo's.
+    # 16da8w's linears on gdn::grouped_int8_linear, its table and head as int8wo's. Program against eager model,
+    # over fresh prompts: int8wo under 1e-6, 16da8w 5e-5 to 1.1e-4 (12 prompts) and 1.5e-4 (a CI seed), so
+    # 16da8w gets 3e-4.
     [("dense", "int8wo", "xnnpack", 1e-4, 0.1), ("tied", "int8wo", "xnnpack", 1e-4, 0.1),
      ("tied", "int8wo", "portable", 1e-4, 0.1), ("dense", "8da4w", "xnnpack", 0.06, 0.8),
      ("tied", "8da4w", "xnnpack", 0.06, 0.8), ("tied", "8da8w", "xnnpack", 0.01, 0.1),
-     ("dense", "16da8w", "xnnpack", 1e-4, 0.1), ("tied", "16da8w", "xnnpack", 1e-4, 0.1)],
+     ("dense", "16da8w", "xnnpack", 3e-4, 0.1), ("tied", "16da8w", "xnnpack", 3e-4, 0.1)],
 )
 def test_quantized_programs_stay_close(exported, variant, quantize, backend, lowering_error, max_quantization_error,
                                        generator):
