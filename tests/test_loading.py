@@ -328,6 +328,11 @@ def test_reading_a_checkpoint_keeps_only_the_current_tensor_resident(tmp_path, s
     assert peak < 64, f"up to {peak} MiB of the 256 MiB file stayed resident"
 
 
+def rounding_error(groups: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Each group's squared error after symmetric int4 rounding with its scale (``groups`` [..., group])."""
+    return ((groups - torch.round(groups / scale[..., None]).clamp(-8, 7) * scale[..., None]) ** 2).sum(-1)
+
+
 def test_int4_scales_are_near_the_best_scale_of_a_dense_search(seed):
     """The fitted scales against a brute-force search over 4000 scales between max / 10 and max / 5: the
     squared error summed over the groups within 0.5% of the searched optimum's (at most 0.21% over 200 seeds;
@@ -343,15 +348,12 @@ def test_int4_scales_are_near_the_best_scale_of_a_dense_search(seed):
     assert scales.shape == (48, 3) and (scales > 0).all(), f"seed {seed}"
     groups = weight.reshape(48, 3, 32)
 
-    def squared_error(scale):
-        return ((groups - torch.round(groups / scale[..., None]).clamp(-8, 7) * scale[..., None]) ** 2).sum(-1)
-
     largest = groups.abs().amax(-1).clamp_min(1e-30)
-    searched = torch.stack([squared_error(largest / divisor) for divisor in torch.linspace(5.0, 10.0, 4000)])
+    searched = torch.stack([rounding_error(groups, largest / divisor) for divisor in torch.linspace(5.0, 10.0, 4000)])
     best = searched.min(dim=0).values
-    ours = squared_error(scales)
+    ours = rounding_error(groups, scales)
     assert ours.sum() <= 1.005 * best.sum(), f"seed {seed}: {ours.sum() / best.sum():.4f}x the searched optimum"
-    plain = squared_error(largest / 7.5)
+    plain = rounding_error(groups, largest / 7.5)
     assert (ours <= plain * (1 + 1e-5) + 1e-12).all(), f"seed {seed}: a group worse than max / 7.5 rounding"
     assert ours[3, 1] == 0  # the zero group is exact
 
@@ -397,10 +399,7 @@ def test_int4_scales_kernel_is_the_reference(group, seed):
     assert scales.shape == expected.shape and (scales > 0).all(), f"seed {seed}"
     groups = weight.reshape(rows, 4, group)
 
-    def squared_error(scale):
-        return ((groups - torch.round(groups / scale[..., None]).clamp(-8, 7) * scale[..., None]) ** 2).sum(-1)
-
-    ours, theirs = squared_error(scales), squared_error(expected)
+    ours, theirs = rounding_error(groups, scales), rounding_error(groups, expected)
     assert (ours <= theirs * (1 + 1e-5) + 1e-12).all(), \
         f"seed {seed}: worst error ratio {(ours / theirs.clamp_min(1e-30)).max().item():.7f}"
     assert abs(ours.sum() / theirs.sum() - 1) <= 1e-5, f"seed {seed}: summed error {ours.sum() / theirs.sum():.7f}x"
