@@ -351,8 +351,8 @@ def run_decode_convolution(projected, conv_state, conv_weight, input_pos, A_log,
     """``decode_convolution_kernel``: from a Gated DeltaNet layer's projection [1, 1, C + V + 2 Hv] of one token
     (``[qkv | z | b | a]``), SiLU(conv) of its C channels into ``mixed_qkv`` [1, 1, C], the conv state [1, C, W - 1]
     shifted in place, and ``gates`` [1, 1, 2 Hv] = [a | b], a raised where ``input_pos`` [1] (the token's
-    position) is 0 (``gdn_export.models.qwen35.forget_previous_sequence``)."""
-    from gdn_export.models.qwen35 import FORGET_LOG_DECAY
+    position) is 0 (``gdn_export.ops.conv_recurrence.forget_previous_sequence``)."""
+    from gdn_export.ops.conv_recurrence import FORGET_LOG_DECAY
 
     channels, taps, num_v_heads = conv_state.shape[1], conv_weight.shape[-1], A_log.shape[0]
     width = projected.shape[-1]
@@ -425,8 +425,9 @@ def run_prefill_convolution(projected, conv_state, conv_weight, positions, A_log
     """``prefill_convolution_kernel``: from a Gated DeltaNet layer's projection [1, T, C + V + 2 Hv] of a chunk
     (``[qkv | z | b | a]``, read where it lies), SiLU(conv) of its C channels into query, key [1, T, Hk, Dk]
     and value [1, T, Hv, Dv], the conv state [1, C, W - 1] moved on by T tokens in place, and a, b [1, T, Hv],
-    a raised on the first token when ``positions[0]`` is 0 (``gdn_export.models.qwen35.forget_previous_sequence``)."""
-    from gdn_export.models.qwen35 import FORGET_LOG_DECAY
+    a raised on the first token when ``positions[0]`` is 0
+    (``gdn_export.ops.conv_recurrence.forget_previous_sequence``)."""
+    from gdn_export.ops.conv_recurrence import FORGET_LOG_DECAY
 
     block_t, block_c = PREFILL_CONVOLUTION_TILE
     length, width = projected.shape[1], projected.shape[2]

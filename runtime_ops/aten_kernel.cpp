@@ -1,5 +1,5 @@
-// Eager PyTorch entry: the CPU kernels of gdn::gated_delta_rule (+ .out) and of the export's
-// gdn::fit_int4_scales.
+// Eager PyTorch entry: the CPU kernels of gdn::gated_delta_rule (+ .out), gdn::conv_gated_delta_rule (+ .out)
+// and the export's gdn::fit_int4_scales.
 //
 // The schemas are defined in Python (gdn_export/ops/contract.py); this file
 // only registers CPU implementations of them. Inputs may be any strided
@@ -13,6 +13,7 @@
 #include <cmath>
 #include <vector>
 
+#include "conv_gated_delta_rule.h"
 #include "gated_delta_rule.h"
 #include "int4_scales.h"
 
@@ -158,10 +159,76 @@ at::Tensor fit_int4_scales_functional(const at::Tensor& weight, int64_t group_si
   return scales;
 }
 
+// The problem's sizes from the op's tensors, or the contract's error (thrown before anything is written).
+ConvGatedDeltaRuleProblem checked_conv_problem(const at::Tensor* (&tensors)[9]) {
+  TensorInfo infos[9];
+  for (int i = 0; i < 9; ++i) {
+    infos[i] = info_of(*tensors[i]);
+    TORCH_CHECK(tensors[i]->device().is_cpu(), "gdn.conv_gated_delta_rule: all tensors must be on cpu, got ",
+                tensors[i]->device());
+  }
+  ConvGatedDeltaRuleProblem p;
+  if (ContractError error = check_conv_inputs(infos, p)) raise(error);
+  return p;
+}
+
+at::Tensor& conv_gated_delta_rule_out(const at::Tensor& qkv, const at::Tensor& a, const at::Tensor& b,
+                                      const at::Tensor& conv_weight, const at::Tensor& A_log, const at::Tensor& dt_bias,
+                                      const at::Tensor& positions, at::Tensor& conv_state, at::Tensor& state,
+                                      at::Tensor& output) {
+  const at::Tensor* tensors[9] = {&qkv, &a, &b, &conv_weight, &A_log, &dt_bias, &positions, &conv_state, &state};
+  ConvGatedDeltaRuleProblem p = checked_conv_problem(tensors);
+  const std::vector<int64_t> out_shape = {p.batch, p.length, p.num_v_heads, p.value_dim};
+  TORCH_CHECK_VALUE(output.scalar_type() == at::kFloat && output.sizes().vec() == out_shape && output.device().is_cpu(),
+                    "gdn.conv_gated_delta_rule.out: output must be a float32 cpu tensor of shape ", out_shape, ", got ",
+                    dtype_name(output.scalar_type()), " ", output.sizes());
+  // The kernel reads qkv's channels and writes the state's rows with unit stride.
+  const at::Tensor rows = qkv.stride(2) == 1 ? qkv : qkv.contiguous();
+  at::Tensor target = state.stride(3) == 1 ? state : state.contiguous();
+  p.starting = positions.data_ptr<int64_t>()[0] == 0;
+  p.qkv = rows.data_ptr<float>();
+  p.a = a.data_ptr<float>();
+  p.b = b.data_ptr<float>();
+  p.conv_weight = conv_weight.data_ptr<float>();
+  p.A_log = A_log.data_ptr<float>();
+  p.A_log_stride = A_log.stride(0);
+  p.dt_bias = dt_bias.data_ptr<float>();
+  p.dt_bias_stride = dt_bias.stride(0);
+  p.conv_state = conv_state.data_ptr<float>();
+  p.state = target.data_ptr<float>();
+  p.output = output.data_ptr<float>();
+  for (int d = 0; d < 3; ++d) {
+    p.qkv_strides[d] = rows.stride(d);
+    p.a_strides[d] = a.stride(d);
+    p.b_strides[d] = b.stride(d);
+    p.conv_weight_strides[d] = conv_weight.stride(d);
+    p.conv_state_strides[d] = conv_state.stride(d);
+    p.state_strides[d] = target.stride(d);
+  }
+  for (int d = 0; d < 4; ++d) p.output_strides[d] = output.stride(d);
+  conv_gated_delta_rule(p, [](int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
+    at::parallel_for(begin, end, 1, body);
+  });
+  if (!target.is_same(state)) state.copy_(target);
+  return output;
+}
+
+at::Tensor conv_gated_delta_rule_functional(const at::Tensor& qkv, const at::Tensor& a, const at::Tensor& b,
+                                            const at::Tensor& conv_weight, const at::Tensor& A_log,
+                                            const at::Tensor& dt_bias, const at::Tensor& positions,
+                                            at::Tensor& conv_state, at::Tensor& state) {
+  const at::Tensor* tensors[9] = {&qkv, &a, &b, &conv_weight, &A_log, &dt_bias, &positions, &conv_state, &state};
+  const ConvGatedDeltaRuleProblem p = checked_conv_problem(tensors);
+  at::Tensor output = at::empty({p.batch, p.length, p.num_v_heads, p.value_dim}, qkv.options());
+  return conv_gated_delta_rule_out(qkv, a, b, conv_weight, A_log, dt_bias, positions, conv_state, state, output);
+}
+
 }  // namespace
 }  // namespace gdn
 
 TORCH_LIBRARY_IMPL(gdn, CPU, m) {
+  m.impl("conv_gated_delta_rule", &gdn::conv_gated_delta_rule_functional);
+  m.impl("conv_gated_delta_rule.out", &gdn::conv_gated_delta_rule_out);
   m.impl("fit_int4_scales", &gdn::fit_int4_scales_functional);
   m.impl("gated_delta_rule", &gdn::gated_delta_rule_functional);
   m.impl("gated_delta_rule.out", &gdn::gated_delta_rule_out);

@@ -1,6 +1,7 @@
 """The CPU backends, ``portable`` and ``xnnpack``: our C++ kernels beside ExecuTorch's.
 
-Both give each Gated DeltaNet layer ``gdn::gated_delta_rule_inplace`` and each
+Both give each float32 Gated DeltaNet layer ``gdn::conv_gated_delta_rule`` (its
+conv, gates and recurrence; others ``gdn::gated_delta_rule_inplace``) and each
 float32 full-attention layer ``gdn::cached_attention``, whose kernels this
 package builds and ``import gdn_export`` loads (the ``gdn_export.kernels``
 entry point). XNNPACK also takes the linear layers (float, 8da4w, 8da8w and int8wo)
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 from gdn_export.backends import Backend
-from gdn_export.passes import CachedAttentionOp, InplaceOpRecurrence
+from gdn_export.passes import CachedAttentionOp, InplaceOpRecurrence, give_layers_the_conv_op
 from gdn_export.state_methods import STATE_METHODS, export_state_methods
 
 
@@ -29,6 +30,10 @@ class CpuBackend(Backend):
     def attention(self, layer) -> Optional[nn.Module]:
         # The C++ attention kernel reads float32 caches; caches of other dtypes keep the masked form.
         return CachedAttentionOp() if layer.k_cache.dtype == torch.float32 else None
+
+    def finish_rewrite(self, model: nn.Module) -> None:
+        """Each Gated DeltaNet layer's conv, gates and recurrence as one C++ op (``ConvOpGatedDeltaNet``)."""
+        give_layers_the_conv_op(model)
 
     def partitioners(self, method: str) -> list:
         return []
@@ -97,6 +102,7 @@ class XnnpackBackend(CpuBackend):
         from runtime_ops.norms import pool_norm_means
         from runtime_ops.xnnpack_weight_only import biases_added_after
 
+        super().finish_rewrite(model)
         pool_norm_means(model)
         biases_added_after(model)
 
@@ -152,6 +158,7 @@ class PortableBackend(CpuBackend):
         """int8wo's linears in the form the portable kernels run: the weight widened at each call."""
         from gdn_export.quantize import widen_weight_only_linears
 
+        super().finish_rewrite(model)
         widen_weight_only_linears(model)
 
 

@@ -271,7 +271,7 @@ else:
         import torch.nn.functional as F
 
         from cuda_backend.triton_ops import prefill_gated_delta_net
-        from gdn_export.models.qwen35 import forget_previous_sequence
+        from gdn_export.ops.conv_recurrence import forget_previous_sequence
 
         heads_k, heads_v, key_dim, value_dim, taps = 1, 3, 64, 64, 4
         key_channels = heads_k * key_dim

@@ -18,8 +18,9 @@ from gdn_export.tiny import MODEL_VOCAB_SIZE
 
 MAX_SEQ_LEN = 32
 OPS = {
-    "portable": torch.ops.gdn.gated_delta_rule_inplace.default,
-    "xnnpack": torch.ops.gdn.gated_delta_rule_inplace.default,
+    # A Gated DeltaNet layer from its projections on (conv, gates, recurrence), float32 (the CPU backends).
+    "portable": torch.ops.gdn.conv_gated_delta_rule.default,
+    "xnnpack": torch.ops.gdn.conv_gated_delta_rule.default,
     # A Gated DeltaNet layer from its projection on (conv, gates, the chunked kernels), any T (dynamic here).
     "cuda": torch.ops.gdn_cuda.prefill_gated_delta_net.default,
 }
@@ -165,6 +166,8 @@ def test_rewritten_model_exports_one_op_per_layer_for_any_length(dense_checkpoin
     targets = call_targets(program)
     assert targets.count(OPS[backend]) == len(linear_attention_layers(model))
     assert not any("gated_delta_rule" in str(t) and t != OPS[backend] for t in targets)
+    if backend != "cuda":  # the conv is inside the CPU backends' op
+        assert torch.ops.aten.convolution.default not in targets
     attention_op = torch.ops.gdn_cuda.cached_attention.default if backend == "cuda" else \
         torch.ops.gdn.cached_attention.default
     assert targets.count(attention_op) == len(full_attention_layers(model))
@@ -209,9 +212,9 @@ def test_emitted_program_updates_state_and_caches_in_place(dense_checkpoint, see
         info = getattr(value.val, "extra_tensor_info", None)
         if info is not None and info.fully_qualified_name:
             buffer_names[index] = info.fully_qualified_name
-    state_values = {i: name for i, name in buffer_names.items() if name.endswith("recurrent_state")}
+    state_values = {i: name for i, name in buffer_names.items() if name.endswith(("recurrent_state", "conv_state"))}
     cache_values = {i: name for i, name in buffer_names.items() if name.endswith(("k_cache", "v_cache"))}
-    assert len(state_values) == 2 and len(cache_values) == 2, buffer_names
+    assert len(state_values) == 4 and len(cache_values) == 2, buffer_names
 
     # Every instruction that touches a state or cache buffer, with its op name.
     touching = {index: [] for index in (*state_values, *cache_values)}
@@ -225,10 +228,11 @@ def test_emitted_program_updates_state_and_caches_in_place(dense_checkpoint, see
             touching[index].append((name, list(arguments.args)))
 
     for index, name in state_values.items():
-        # The op's state argument is the buffer itself; no copy_ into or out of it.
-        assert [op for op, _ in touching[index]] == ["gdn::gated_delta_rule_inplace.out"], (name, touching[index])
+        # The op's state arguments are the buffers themselves; no copy_ into or out of them.
+        assert [op for op, _ in touching[index]] == ["gdn::conv_gated_delta_rule.out"], (name, touching[index])
         (_, arguments), = touching[index]
-        assert arguments.index(index) == 5, f"{name} must be the op's state argument"
+        expected = 8 if name.endswith("recurrent_state") else 7
+        assert arguments.index(index) == expected, f"{name} must be the op's argument {expected}"
     for index, name in cache_values.items():
         operators = [op for op, _ in touching[index]]
         assert operators.count("aten::index_put_") == 1, (name, operators)

@@ -42,6 +42,7 @@ from torch import nn
 from torch.fx.experimental.symbolic_shapes import guard_or_false
 
 from gdn_export.ops import reference
+from gdn_export.ops.conv_recurrence import causal_conv, forget_previous_sequence
 from gdn_export.ops.fused import gating, split_heads
 
 LINEAR_ATTENTION = "linear_attention"
@@ -228,25 +229,6 @@ class PerTokenRecurrence(nn.Module):
         return output
 
 
-# Runners (ExecuTorch's among them) start a new sequence by calling again at
-# position 0, without clearing the program's buffers. A sequence's first gate g
-# only ever multiplies the previous sequence's state (a fresh one is zero, and
-# the chunked form's gate differences cancel it), so at position 0 the layer
-# raises a until g = -exp(A_log) * softplus(a + dt_bias) <= -FORGET_LOG_DECAY:
-# the old state is scaled by at most e^-50 inside the recurrence, with no extra
-# pass over the state and the same result as a cleared buffer.
-FORGET_LOG_DECAY = 50.0
-
-
-def forget_previous_sequence(a, A_log, dt_bias, starting):
-    """``a`` [B, T, Hv] with its first token raised when ``starting`` (see FORGET_LOG_DECAY)."""
-    # softplus(y) >= y, so a + dt_bias >= FORGET_LOG_DECAY * exp(-A_log) gives g <= -FORGET_LOG_DECAY.
-    needed = FORGET_LOG_DECAY * torch.exp(-A_log.float()) - dt_bias.float()
-    first_of_sequence = (torch.arange(a.shape[1], device=a.device) == 0) & starting  # [T]
-    raised = torch.maximum(a.float(), needed).to(a.dtype)
-    return torch.where(first_of_sequence[None, :, None], raised, a)
-
-
 class GatedDeltaNet(nn.Module):
     # The decoding state this layer keeps (see Qwen35ForCausalLM.state_buffers): both
     # summarize every position seen, so neither has a position dim.
@@ -284,23 +266,20 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``positions`` [T]: the tokens' positions; a call at position 0 starts a new sequence."""
-        starting = positions[:1] == 0
         batch, length, _ = x.shape
-        qkv = self.in_proj_qkv(x).transpose(1, 2)  # [B, C, T]
         z = self.in_proj_z(x).reshape(batch, length, self.num_v_heads, self.value_head_dim)
-        b = self.in_proj_b(x)
-        a = forget_previous_sequence(self.in_proj_a(x), self.A_log, self.dt_bias, starting)
-        # A product, not torch.where: ExecuTorch's portable where broadcasts the [1]
-        # condition element by element (0.13 ms a layer at 0.8B, a decode step's 2%),
-        # while XNNPACK multiplies. The inputs it keeps are finite, so x * 0 = 0.
-        conv_state = self.conv_state * (~starting).to(self.conv_state.dtype)
-        window = torch.cat([conv_state, qkv], dim=-1)  # [B, C, kernel - 1 + T]
-        self.conv_state.copy_(window[:, :, length:])
-        conv = F.conv1d(window, self.conv1d.weight, groups=self.conv_dim)  # [B, C, T]
-        mixed_qkv = F.silu(conv).transpose(1, 2)
-        core = self.recurrence(mixed_qkv, a, b, self.A_log, self.dt_bias, self.recurrent_state)
+        core = self.convolved_recurrence(self.in_proj_qkv(x), self.in_proj_a(x), self.in_proj_b(x), positions)
         core = self.norm(core, z)
         return self.out_proj(core.reshape(batch, length, -1))
+
+    def convolved_recurrence(self, qkv, a, b, positions) -> torch.Tensor:
+        """From the projections qkv [B, T, C], a and b [B, T, Hv] to the recurrence's output [B, T, Hv, Dv]: the
+        causal conv over the conv state, the gates and the recurrence, both states updated. The CPU backends
+        compute it as one op, ``gdn::conv_gated_delta_rule``, whose reference is this."""
+        starting = positions[:1] == 0
+        a = forget_previous_sequence(a, self.A_log, self.dt_bias, starting)
+        mixed_qkv = causal_conv(qkv, self.conv_state, self.conv1d.weight, starting)
+        return self.recurrence(mixed_qkv, a, b, self.A_log, self.dt_bias, self.recurrent_state)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

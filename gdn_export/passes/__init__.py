@@ -1,5 +1,13 @@
 """Graph rewrites applied before export: ``rewrite(model, backend)``."""
 
-from gdn_export.passes.recurrence import CachedAttentionOp, FusedOpRecurrence, InplaceOpRecurrence, rewrite
+from gdn_export.passes.recurrence import (
+    CachedAttentionOp,
+    ConvOpGatedDeltaNet,
+    FusedOpRecurrence,
+    InplaceOpRecurrence,
+    give_layers_the_conv_op,
+    rewrite,
+)
 
-__all__ = ["CachedAttentionOp", "FusedOpRecurrence", "InplaceOpRecurrence", "rewrite"]
+__all__ = ["CachedAttentionOp", "ConvOpGatedDeltaNet", "FusedOpRecurrence", "InplaceOpRecurrence",
+           "give_layers_the_conv_op", "rewrite"]

@@ -16,6 +16,8 @@ The modules here call the ``gdn`` ops, and backends pick among them:
   ``gdn::gated_delta_rule_inplace`` (the CPU backends' C++ kernel);
 * ``FusedOpRecurrence``: ``gdn::fused_gated_delta_rule``, whose kernels also
   do the q/k/v split, L2 norm, head repeat and gating (Metal maps it to its C shim);
+* ``ConvOpGatedDeltaNet``: a layer whose conv, gates and recurrence are one
+  ``gdn::conv_gated_delta_rule`` (the CPU backends' C++ kernel);
 * ``CachedAttentionOp``: ``gdn::cached_attention``, which reads the position
   from ``input_pos`` and attends only over the cache written so far, where
   the model's masked form multiplies against all ``max_seq_len`` positions.
@@ -48,6 +50,26 @@ class FusedOpRecurrence(nn.Module):
 
     def forward(self, mixed_qkv, a, b, A_log, dt_bias, state):
         return torch.ops.gdn.fused_gated_delta_rule(mixed_qkv, a, b, A_log, dt_bias, state)
+
+
+class ConvOpGatedDeltaNet(GatedDeltaNet):
+    """A Gated DeltaNet layer whose causal conv, gates and recurrence are one ``gdn::conv_gated_delta_rule``, where
+    the model's form made some forty calls a layer at a token in a CPU program (portable kernels and small XNNPACK
+    ops, each waking the thread pool). The op takes float32; a layer of another dtype keeps the model's form."""
+
+    def convolved_recurrence(self, qkv, a, b, positions) -> torch.Tensor:
+        tensors = (qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias, self.conv_state, self.recurrent_state)
+        if any(tensor.dtype != torch.float32 for tensor in tensors):
+            return super().convolved_recurrence(qkv, a, b, positions)
+        return torch.ops.gdn.conv_gated_delta_rule(qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
+                                                   positions, self.conv_state, self.recurrent_state)
+
+
+def give_layers_the_conv_op(model: nn.Module) -> None:
+    """Every Gated DeltaNet layer of ``model`` as a ``ConvOpGatedDeltaNet`` (same parameters and buffers)."""
+    for module in model.modules():
+        if type(module) is GatedDeltaNet:
+            module.__class__ = ConvOpGatedDeltaNet
 
 
 class CachedAttentionOp(nn.Module):

@@ -1,0 +1,196 @@
+// See conv_gated_delta_rule.h. Each step mirrors the reference's ops in float32: the conv sums its taps in order
+// (the window's oldest input first), SiLU is x * sigmoid(x), softplus keeps x above 20 as torch's does.
+#include "conv_gated_delta_rule.h"
+
+#include <algorithm>
+#include <string>
+#include <cmath>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace gdn {
+namespace {
+
+// Channels a thread takes at a time: the conv of a few tokens is too little work to split finer.
+constexpr int64_t kChannelBlock = 512;
+// Below this many multiply-adds (T * C * W) the conv runs on the calling thread: waking the pool costs more.
+constexpr int64_t kParallelConvWork = int64_t(1) << 18;
+
+// Scratch that lives across calls on the calling thread: a decode step's layers reuse it instead of allocating.
+struct Scratch {
+  std::vector<float> mixed;    // [B, T, C]: SiLU(conv), q | k | v
+  std::vector<float> gates;    // [B, T, Hv] g, then [B, T, Hv] beta
+  std::vector<float> weights;  // [W, C]: the conv weight tap-major, so a tap's loop runs along channels
+  std::vector<float> history;  // [B, W - 1, C]: the conv state as it was read, zeros when starting
+};
+
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+// The conv of batch item `bi` over channels [first, last): mixed rows for every token, then the state's shift.
+void convolve(const ConvGatedDeltaRuleProblem& p, Scratch& s, int64_t bi, int64_t first, int64_t last) {
+  const int64_t kept = p.taps - 1, channels = p.channels;
+  float* history = s.history.data() + bi * kept * channels;
+  const float* qkv = p.qkv + bi * p.qkv_strides[0];
+  // Row t' of the window: the history for t' < W - 1, else token t' - (W - 1) of qkv (unit channel stride).
+  auto row = [&](int64_t t) -> const float* {
+    return t < kept ? history + t * channels : qkv + (t - kept) * p.qkv_strides[1];
+  };
+  float sums[kChannelBlock];
+  for (int64_t t = 0; t < p.length; ++t) {
+    std::fill(sums, sums + (last - first), 0.0f);
+    for (int64_t k = 0; k < p.taps; ++k) {
+      const float* in = row(t + k) + first;
+      const float* w = s.weights.data() + k * channels + first;
+      for (int64_t c = 0; c < last - first; ++c) sums[c] += w[c] * in[c];
+    }
+    float* out = s.mixed.data() + (bi * p.length + t) * channels + first;
+    for (int64_t c = 0; c < last - first; ++c) out[c] = silu(sums[c]);
+  }
+  // The window's last W - 1 rows become the state (read from history or qkv, never from the state itself).
+  float* state = p.conv_state + bi * p.conv_state_strides[0];
+  for (int64_t j = 0; j < kept; ++j) {
+    const float* in = row(p.length + j);
+    for (int64_t c = first; c < last; ++c) state[c * p.conv_state_strides[1] + j * p.conv_state_strides[2]] = in[c];
+  }
+}
+
+std::string shape_text(const std::vector<int64_t>& sizes) {
+  std::string text = "[";
+  for (size_t d = 0; d < sizes.size(); ++d) text += (d ? ", " : "") + std::to_string(sizes[d]);
+  return text + "]";
+}
+
+}  // namespace
+
+ContractError check_conv_inputs(const TensorInfo (&tensors)[9], ConvGatedDeltaRuleProblem& p) {
+  static const char* const kNames[9] = {"qkv", "a", "b", "conv_weight", "A_log", "dt_bias", "positions",
+                                        "conv_state", "state"};
+  const std::string op = "gdn.conv_gated_delta_rule: ";
+  for (int i = 0; i < 9; ++i) {
+    const bool positions = i == 6;
+    if (positions ? tensors[i].dtype_name != "torch.int64" : !tensors[i].is_float32)
+      return {ContractError::Type, op + kNames[i] + " must be " + (positions ? "torch.int64" : "torch.float32") +
+                                       ", got " + tensors[i].dtype_name};
+  }
+  const auto& qkv = tensors[0].sizes;
+  const auto& weight = tensors[3].sizes;
+  const auto& state = tensors[8].sizes;
+  if (qkv.size() != 3 || state.size() != 4 || weight.size() != 3 || weight[1] != 1 || weight[2] < 2)
+    return {ContractError::Value, op + "qkv must be [B, T, C], conv_weight [C, 1, W] with W >= 2 and state "
+                                       "[B, Hv, Dk, Dv], got " + shape_text(qkv) + ", " + shape_text(weight) +
+                                       " and " + shape_text(state)};
+  const int64_t batch = qkv[0], length = qkv[1], channels = qkv[2], heads = state[1], taps = weight[2];
+  const std::vector<int64_t> expected[9] = {qkv, {batch, length, heads}, {batch, length, heads}, {channels, 1, taps},
+                                            {heads}, {heads}, {length}, {batch, channels, taps - 1},
+                                            {batch, heads, state[2], state[3]}};
+  for (int i = 1; i < 9; ++i)
+    if (tensors[i].sizes != expected[i])
+      return {ContractError::Value, op + kNames[i] + " must have shape " + shape_text(expected[i]) + " (from qkv " +
+                                        shape_text(qkv) + ", conv_weight " + shape_text(weight) + " and state " +
+                                        shape_text(state) + "), got " + shape_text(tensors[i].sizes)};
+  if (length < 1) return {ContractError::Value, op + "qkv must hold at least one token, got T = 0"};
+  const int64_t key_channels = channels - heads * state[3];
+  if (key_channels <= 0 || key_channels % (2 * state[2]) != 0 || heads % (key_channels / (2 * state[2])) != 0)
+    return {ContractError::Value, op + "qkv's last dim must be 2*Hk*Dk + Hv*Dv with Hv a multiple of Hk (Hv=" +
+                                      std::to_string(heads) + ", Dk=" + std::to_string(state[2]) + ", Dv=" +
+                                      std::to_string(state[3]) + " from state), got " + std::to_string(channels)};
+  p.batch = batch;
+  p.length = length;
+  p.channels = channels;
+  p.taps = taps;
+  p.num_v_heads = heads;
+  p.key_dim = state[2];
+  p.value_dim = state[3];
+  p.num_k_heads = key_channels / (2 * state[2]);
+  return {};
+}
+
+void conv_gated_delta_rule(const ConvGatedDeltaRuleProblem& p, const ParallelFor& parallel_for) {
+  // The caller's scratch, named here so that the pool's threads use it too (not their own thread_local copies).
+  thread_local Scratch callers_scratch;
+  Scratch& s = callers_scratch;
+  const int64_t channels = p.channels, kept = p.taps - 1, heads = p.num_v_heads;
+  s.mixed.resize(p.batch * p.length * channels);
+  s.gates.resize(2 * p.batch * p.length * heads);
+  s.weights.resize(p.taps * channels);
+  s.history.resize(p.batch * kept * channels);
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t k = 0; k < p.taps; ++k)
+      s.weights[k * channels + c] = p.conv_weight[c * p.conv_weight_strides[0] + k * p.conv_weight_strides[2]];
+  for (int64_t bi = 0; bi < p.batch; ++bi)
+    for (int64_t j = 0; j < kept; ++j)
+      for (int64_t c = 0; c < channels; ++c)
+        s.history[(bi * kept + j) * channels + c] =
+            p.starting ? 0.0f
+                       : p.conv_state[bi * p.conv_state_strides[0] + c * p.conv_state_strides[1] +
+                                      j * p.conv_state_strides[2]];
+
+  const int64_t blocks = (channels + kChannelBlock - 1) / kChannelBlock;
+  auto convolve_blocks = [&](int64_t begin, int64_t end) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t bi = unit / blocks, first = (unit % blocks) * kChannelBlock;
+      convolve(p, s, bi, first, std::min(channels, first + kChannelBlock));
+    }
+  };
+  if (p.batch * p.length * channels * p.taps < kParallelConvWork) {
+    convolve_blocks(0, p.batch * blocks);
+  } else {
+    parallel_for(0, p.batch * blocks, convolve_blocks);
+  }
+
+  // g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); a sequence's first a raised first.
+  float* g = s.gates.data();
+  float* beta = g + p.batch * p.length * heads;
+  for (int64_t bi = 0; bi < p.batch; ++bi)
+    for (int64_t t = 0; t < p.length; ++t)
+      for (int64_t h = 0; h < heads; ++h) {
+        const float a_log = p.A_log[h * p.A_log_stride], bias = p.dt_bias[h * p.dt_bias_stride];
+        float a = p.a[bi * p.a_strides[0] + t * p.a_strides[1] + h * p.a_strides[2]];
+        if (p.starting && t == 0) a = std::max(a, kForgetLogDecay * std::exp(-a_log) - bias);
+        const float b = p.b[bi * p.b_strides[0] + t * p.b_strides[1] + h * p.b_strides[2]];
+        const int64_t at = (bi * p.length + t) * heads + h;
+        g[at] = -std::exp(a_log) * softplus(a + bias);
+        beta[at] = 1.0f / (1.0f + std::exp(-b));
+      }
+
+  GatedDeltaRuleProblem r;
+  r.batch = p.batch;
+  r.length = p.length;
+  r.num_k_heads = p.num_k_heads;
+  r.num_v_heads = heads;
+  r.key_dim = p.key_dim;
+  r.value_dim = p.value_dim;
+  r.use_qk_l2norm = true;
+  r.scale = 1.0f / std::sqrt(float(p.key_dim));
+  const int64_t key_channels = p.num_k_heads * p.key_dim;
+  const float* mixed = s.mixed.data();
+  const int64_t row_strides[4] = {p.length * channels, channels, p.key_dim, 1};
+  for (auto [view, offset, head_dim] : {std::tuple<InputView*, int64_t, int64_t>{&r.query, 0, p.key_dim},
+                                        {&r.key, key_channels, p.key_dim},
+                                        {&r.value, 2 * key_channels, p.value_dim}}) {
+    view->data = mixed + offset;
+    view->type = ElementType::Float32;
+    view->strides[0] = row_strides[0];
+    view->strides[1] = row_strides[1];
+    view->strides[2] = head_dim;
+    view->strides[3] = 1;
+  }
+  for (auto [view, data] : {std::pair<InputView*, const float*>{&r.g, g}, {&r.beta, beta}}) {
+    view->data = data;
+    view->type = ElementType::Float32;
+    view->strides[0] = p.length * heads;
+    view->strides[1] = heads;
+    view->strides[2] = 1;
+  }
+  r.initial_state = p.state;
+  r.final_state = p.state;
+  for (int d = 0; d < 3; ++d) r.initial_state_strides[d] = r.final_state_strides[d] = p.state_strides[d];
+  r.output = p.output;
+  for (int d = 0; d < 4; ++d) r.output_strides[d] = p.output_strides[d];
+  gated_delta_rule(r, parallel_for);
+}
+
+}  // namespace gdn

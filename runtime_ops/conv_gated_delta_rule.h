@@ -1,0 +1,51 @@
+// gdn::conv_gated_delta_rule on CPU: a Gated DeltaNet layer from its input projections to its recurrence's
+// output (gdn_export/ops/conv_recurrence.py says what it computes). The causal conv, its state's shift and the
+// gates run here, then the recurrence's core routine (gated_delta_rule.h) reads q, k and v where the conv wrote
+// them. Like that header, this one knows nothing of ATen or ExecuTorch; float32 only.
+#pragma once
+
+#include <cstdint>
+
+#include "gated_delta_rule.h"
+
+namespace gdn {
+
+struct ConvGatedDeltaRuleProblem {
+  int64_t batch = 0, length = 0, channels = 0, taps = 0;  // qkv [B, T, C], conv_weight [C, 1, W]
+  int64_t num_k_heads = 0, num_v_heads = 0, key_dim = 0, value_dim = 0;
+  bool starting = false;  // positions[0] == 0: the conv state counts as zeros and the first gate is raised
+
+  // Inputs, strides in elements.
+  const float* qkv = nullptr;
+  int64_t qkv_strides[3] = {0, 0, 0};
+  const float* a = nullptr;  // [B, T, Hv]
+  int64_t a_strides[3] = {0, 0, 0};
+  const float* b = nullptr;  // [B, T, Hv]
+  int64_t b_strides[3] = {0, 0, 0};
+  const float* conv_weight = nullptr;  // [C, 1, W]
+  int64_t conv_weight_strides[3] = {0, 0, 0};
+  const float* A_log = nullptr;
+  int64_t A_log_stride = 0;
+  const float* dt_bias = nullptr;
+  int64_t dt_bias_stride = 0;
+
+  // Read and overwritten.
+  float* conv_state = nullptr;  // [B, C, W - 1]
+  int64_t conv_state_strides[3] = {0, 0, 0};
+  float* state = nullptr;  // [B, Hv, Dk, Dv], unit stride along Dv
+  int64_t state_strides[3] = {0, 0, 0};
+
+  float* output = nullptr;  // [B, T, Hv, Dv]
+  int64_t output_strides[4] = {0, 0, 0, 0};
+};
+
+// The value forget_previous_sequence raises a sequence's first a to at least (gdn_export/ops/conv_recurrence.py).
+constexpr float kForgetLogDecay = 50.0f;
+
+void conv_gated_delta_rule(const ConvGatedDeltaRuleProblem& problem, const ParallelFor& parallel_for);
+
+// The op's tensors in schema order (qkv, a, b, conv_weight, A_log, dt_bias, positions, conv_state, state) against
+// its contract, worded as gdn_export/ops/conv_recurrence.py's checks; on success sets the problem's sizes.
+ContractError check_conv_inputs(const TensorInfo (&tensors)[9], ConvGatedDeltaRuleProblem& problem);
+
+}  // namespace gdn

@@ -1,0 +1,89 @@
+// ExecuTorch entry of gdn::conv_gated_delta_rule.out (see conv_gated_delta_rule.h).
+//
+// Every argument is checked here, so a bad call fails with an error instead of reading or writing out of bounds.
+#include "executorch_entry.h"
+
+#include <string>
+
+#include "conv_gated_delta_rule.h"
+
+namespace gdn {
+namespace {
+
+TensorInfo info_of(const Tensor& tensor) {
+  TensorInfo info;
+  for (auto size : tensor.sizes()) info.sizes.push_back(size);
+  info.is_float32 = tensor.scalar_type() == ScalarType::Float;
+  info.is_supported_float = info.is_float32;
+  info.dtype_name = tensor.scalar_type() == ScalarType::Float  ? "torch.float32"
+                    : tensor.scalar_type() == ScalarType::Long ? "torch.int64"
+                                                               : "torch.<scalar type " +
+                                                                     std::to_string(int(tensor.scalar_type())) + ">";
+  return info;
+}
+
+// gdn::conv_gated_delta_rule.out(qkv, a, b, conv_weight, A_log, dt_bias, positions, conv_state, state, output)
+void conv_gated_delta_rule_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
+  constexpr const char* kOp = "gdn.conv_gated_delta_rule.out";
+  if (!tensor_arguments(ctx, stack, 10, kOp)) return;
+  TensorInfo infos[9];
+  for (int i = 0; i < 9; ++i) infos[i] = info_of(stack[i]->toTensor());
+  ConvGatedDeltaRuleProblem p;
+  if (ContractError error = check_conv_inputs(infos, p)) {
+    ET_LOG(Error, "%s", error.message.c_str());
+    ctx.fail(Error::InvalidArgument);
+    return;
+  }
+  const Tensor& qkv = stack[0]->toTensor();
+  const Tensor& a = stack[1]->toTensor();
+  const Tensor& b = stack[2]->toTensor();
+  const Tensor& conv_weight = stack[3]->toTensor();
+  const Tensor& A_log = stack[4]->toTensor();
+  const Tensor& dt_bias = stack[5]->toTensor();
+  const Tensor& positions = stack[6]->toTensor();
+  Tensor& conv_state = stack[7]->toTensor();
+  Tensor& state = stack[8]->toTensor();
+  Tensor& output = stack[9]->toTensor();
+  ET_KERNEL_CHECK_MSG(ctx, qkv.strides()[2] == 1 && state.strides()[3] == 1, InvalidArgument, ,
+                      "%s: qkv needs unit stride along C and state along Dv", kOp);
+  ET_KERNEL_CHECK_MSG(ctx, output.scalar_type() == ScalarType::Float && output.dim() == 4, InvalidArgument, ,
+                      "%s: output must be a float32 tensor [B, T, Hv, Dv]", kOp);
+  const SizesType sizes[4] = {SizesType(p.batch), SizesType(p.length), SizesType(p.num_v_heads),
+                              SizesType(p.value_dim)};
+  (void)executorch::runtime::resize_tensor(output, {sizes, 4});
+  ET_KERNEL_CHECK_MSG(ctx, output.size(0) == p.batch && output.size(1) == p.length &&
+                               output.size(2) == p.num_v_heads && output.size(3) == p.value_dim,
+                      InvalidArgument, , "%s: output must have shape [B, T, Hv, Dv] = [%zd, %zd, %zd, %zd]", kOp,
+                      ssize_t(p.batch), ssize_t(p.length), ssize_t(p.num_v_heads), ssize_t(p.value_dim));
+  p.starting = positions.const_data_ptr<int64_t>()[0] == 0;
+  p.qkv = qkv.const_data_ptr<float>();
+  p.a = a.const_data_ptr<float>();
+  p.b = b.const_data_ptr<float>();
+  p.conv_weight = conv_weight.const_data_ptr<float>();
+  p.A_log = A_log.const_data_ptr<float>();
+  p.A_log_stride = A_log.strides()[0];
+  p.dt_bias = dt_bias.const_data_ptr<float>();
+  p.dt_bias_stride = dt_bias.strides()[0];
+  p.conv_state = conv_state.mutable_data_ptr<float>();
+  p.state = state.mutable_data_ptr<float>();
+  p.output = output.mutable_data_ptr<float>();
+  for (int d = 0; d < 3; ++d) {
+    p.qkv_strides[d] = qkv.strides()[d];
+    p.a_strides[d] = a.strides()[d];
+    p.b_strides[d] = b.strides()[d];
+    p.conv_weight_strides[d] = conv_weight.strides()[d];
+    p.conv_state_strides[d] = conv_state.strides()[d];
+    p.state_strides[d] = state.strides()[d];
+  }
+  for (int d = 0; d < 4; ++d) p.output_strides[d] = output.strides()[d];
+  conv_gated_delta_rule(p, executorch_parallel_for);
+}
+
+const executorch::runtime::Kernel kKernels[] = {
+    executorch::runtime::Kernel("gdn::conv_gated_delta_rule.out", conv_gated_delta_rule_out),
+};
+
+const Error kRegistered = executorch::runtime::register_kernels({kKernels, 1});
+
+}  // namespace
+}  // namespace gdn

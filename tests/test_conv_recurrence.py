@@ -1,0 +1,188 @@
+"""``gdn::conv_gated_delta_rule``: the C++ kernel (eager and inside a .pte) against the op's PyTorch reference.
+
+The reference composes the model's own conv and forget steps with the recurrence's reference
+(gdn_export/ops/conv_recurrence.py); tests/test_rewrite.py checks whole programs built on the op against the
+eager model.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from gdn_export.ops.conformance import relative_error
+from gdn_export.ops.conv_recurrence import check_conv_inputs, conv_gated_delta_rule_out
+from runtime_ops import loader
+
+# The recurrence's chunked form and the conv's order of sums move last bits; the values are O(1).
+TOLERANCE = 2e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    num_k_heads: int = 2
+    num_v_heads: int = 4
+    key_dim: int = 16
+    value_dim: int = 24
+    taps: int = 4
+
+    @property
+    def channels(self) -> int:
+        return 2 * self.num_k_heads * self.key_dim + self.num_v_heads * self.value_dim
+
+
+# Channels enough that a prompt of 70 tokens takes the kernel's threaded conv (T * C * W >= 2^18), in blocks of 512.
+WIDE = Shape(num_k_heads=4, num_v_heads=8, key_dim=64, value_dim=64)
+
+
+def random_inputs(shape: Shape, length: int, first_position: int, generator, batch: int = 1) -> list:
+    """The op's arguments in schema order, random (states too: a sequence in progress, or one to forget)."""
+    def normal(*sizes, scale=1.0):
+        return torch.randn(*sizes, generator=generator) * scale
+
+    heads = shape.num_v_heads
+    return [
+        normal(batch, length, shape.channels),
+        normal(batch, length, heads),
+        normal(batch, length, heads),
+        normal(shape.channels, 1, shape.taps, scale=0.5),
+        normal(heads, scale=0.5),
+        normal(heads),
+        torch.arange(first_position, first_position + length),
+        normal(batch, shape.channels, shape.taps - 1),
+        normal(batch, heads, shape.key_dim, shape.value_dim, scale=0.1),
+    ]
+
+
+def reference_call(args: list) -> tuple:
+    """(output, conv_state, state) of the reference, on copies of the states."""
+    conv_state, state = args[7].clone(), args[8].clone()
+    output = torch.full((args[0].shape[0], args[0].shape[1], args[8].shape[1], args[8].shape[3]), float("nan"))
+    conv_gated_delta_rule_out(*args[:7], conv_state, state, output=output)
+    return output, conv_state, state
+
+
+def test_cpu_dispatch_runs_the_cpp_kernel():
+    assert loader.is_loaded(), f"no C++ kernels at {loader.library_path()}: run python -m runtime_ops.build"
+    for op in ("conv_gated_delta_rule", "conv_gated_delta_rule.out"):
+        table = torch._C._dispatch_dump_table(f"gdn::{op}")
+        cpu_line = next(line for line in table.splitlines() if line.startswith("CPU:"))
+        assert "aten_kernel.cpp" in cpu_line, cpu_line
+
+
+@pytest.mark.parametrize("first_position", [0, 9])  # a new sequence (states forgotten), one going on
+@pytest.mark.parametrize("shape, length", [
+    *[(shape, length) for length in (1, 3, 16, 40)  # token by token, the chunked form from 16
+      for shape in (Shape(), Shape(num_k_heads=1, num_v_heads=3, key_dim=20, value_dim=7, taps=2),
+                    Shape(num_k_heads=2, num_v_heads=2, key_dim=8, value_dim=130, taps=3))],
+    (WIDE, 70),  # the threaded conv
+], ids=lambda value: f"T{value}" if isinstance(value, int) else
+        f"Hk{value.num_k_heads}-Hv{value.num_v_heads}-Dk{value.key_dim}-Dv{value.value_dim}-W{value.taps}")
+def test_kernel_matches_the_reference(shape, length, first_position, generator, seed):
+    args = random_inputs(shape, length, first_position, generator)
+    expected_output, expected_conv_state, expected_state = reference_call(args)
+    conv_state, state = args[7].clone(), args[8].clone()
+    output = torch.full_like(expected_output, float("nan"))
+    result = torch.ops.gdn.conv_gated_delta_rule.out(*args[:7], conv_state, state, output=output)
+    assert result.data_ptr() == output.data_ptr()
+    for name, actual, expected in (("output", output, expected_output), ("conv_state", conv_state, expected_conv_state),
+                                   ("state", state, expected_state)):
+        error = relative_error(actual, expected)
+        assert error <= TOLERANCE, f"seed={seed} {name}: relative error {error}"
+    # The functional form updates the states it is given, as the out form does.
+    conv_state, state = args[7].clone(), args[8].clone()
+    functional = torch.ops.gdn.conv_gated_delta_rule(*args[:7], conv_state, state)
+    assert torch.equal(functional, output) and relative_error(state, expected_state) <= TOLERANCE
+
+
+def test_prefill_then_decode_carries_both_states(generator, seed):
+    """A prompt, then tokens one at a time, on the kernel's own states: the same as the reference's chain."""
+    shape = Shape()
+    prompt = random_inputs(shape, 7, 0, generator)
+    states = {"kernel": [prompt[7].clone(), prompt[8].clone()], "reference": [prompt[7].clone(), prompt[8].clone()]}
+    # Each token's inputs with the layer's weights (the prompt's).
+    calls = [prompt] + [random_inputs(shape, 1, 7 + t, generator)[:3] + prompt[3:6] + [torch.tensor([7 + t])]
+                        for t in range(5)]
+    for step, args in enumerate(calls):
+        kernel_output = torch.ops.gdn.conv_gated_delta_rule(*args[:7], *states["kernel"])
+        reference_output = torch.full_like(kernel_output, float("nan"))
+        conv_gated_delta_rule_out(*args[:7], *states["reference"], output=reference_output)
+        error = relative_error(kernel_output, reference_output)
+        assert error <= TOLERANCE, f"seed={seed} call {step}: relative error {error}"
+    assert relative_error(states["kernel"][1], states["reference"][1]) <= TOLERANCE, f"seed={seed}"
+
+
+def _error_of(call):
+    try:
+        call()
+    except Exception as error:  # noqa: BLE001 - the type and text are what is compared
+        return type(error), str(error).split("\n")[0]
+    return None
+
+
+@pytest.mark.parametrize("index, breakage", [
+    (0, lambda t: t.double()),  # qkv float64
+    (6, lambda t: t.int()),  # positions int32
+    (1, lambda t: t[:, :-1]),  # a one token short
+    (3, lambda t: t[:, :, :1]),  # a one-tap conv
+    (7, lambda t: t[:, :, :-1]),  # conv_state for a narrower conv
+    (8, lambda t: t[0]),  # state without its batch dim
+], ids=["qkv-dtype", "positions-dtype", "a-length", "conv-taps", "conv-state-width", "state-rank"])
+def test_bad_input_raises_the_reference_error_and_writes_nothing(index, breakage, generator):
+    args = random_inputs(Shape(), 3, 5, generator)
+    args[index] = breakage(args[index])
+    expected = _error_of(lambda: check_conv_inputs(*args))
+    assert expected is not None
+    before = [args[7].clone(), args[8].clone()]
+    assert _error_of(lambda: torch.ops.gdn.conv_gated_delta_rule(*args)) == expected
+    assert torch.equal(args[7], before[0]) and torch.equal(args[8], before[1])
+
+
+def test_bad_out_tensor_raises_before_writing(generator):
+    args = random_inputs(Shape(), 3, 5, generator)
+    before = [args[7].clone(), args[8].clone()]
+    output = torch.full((1, 3, 4, 23), float("nan"))
+    with pytest.raises(ValueError, match="output must be a float32 cpu tensor of shape"):
+        torch.ops.gdn.conv_gated_delta_rule.out(*args, output=output)
+    assert output.isnan().all() and torch.equal(args[7], before[0]) and torch.equal(args[8], before[1])
+
+
+class StatefulLayer(torch.nn.Module):
+    """The op on a layer's buffers, as a Gated DeltaNet layer of a CPU program calls it."""
+
+    def __init__(self, weights: list, states: list):
+        super().__init__()
+        for name, value in zip(("conv_weight", "A_log", "dt_bias"), weights):
+            self.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
+        self.register_buffer("conv_state", states[0].clone())
+        self.register_buffer("state", states[1].clone())
+
+    def forward(self, qkv, a, b, positions):
+        return torch.ops.gdn.conv_gated_delta_rule(qkv, a, b, self.conv_weight, self.A_log, self.dt_bias, positions,
+                                                   self.conv_state, self.state)
+
+
+def test_pte_prefill_and_decode_match_the_reference(generator, seed):
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
+    from executorch.runtime import Runtime
+
+    shape = WIDE
+    prompt = random_inputs(shape, 70, 0, generator)  # the threaded conv, then the chunked recurrence
+    length = torch.export.Dim("length", min=1, max=80)
+    example = (*prompt[:3], prompt[6])
+    exported = torch.export.export(StatefulLayer(prompt[3:6], prompt[7:]), example,
+                                   dynamic_shapes=({1: length}, {1: length}, {1: length}, {0: length}))
+    lowered = to_edge(exported, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch(
+        ExecutorchBackendConfig(run_reinplace_pass=True))
+    method = Runtime.get().load_program(lowered.buffer).load_method("forward")
+    # ExecuTorch plans mutable buffers as zeroed memory: the program's first call starts a sequence at position 0,
+    # where the op forgets both states, so the reference may start from any states.
+    states = [prompt[7].clone(), prompt[8].clone()]
+    calls = [prompt] + [random_inputs(shape, 1, 70 + t, generator) for t in range(4)] + \
+        [random_inputs(shape, 3, 74, generator)]
+    for step, args in enumerate(calls):
+        (actual,) = method.execute([*args[:3], args[6]])
+        expected = torch.full_like(actual, float("nan"))
+        conv_gated_delta_rule_out(*args[:3], *prompt[3:6], args[6], *states, output=expected)
+        error = relative_error(actual, expected)
+        assert error <= TOLERANCE, f"seed={seed} call {step}: relative error {error}"
