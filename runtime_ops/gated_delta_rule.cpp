@@ -22,26 +22,12 @@
 #include <memory>
 #include <vector>
 
+#include "vector_math.h"
+
 namespace gdn {
 namespace {
 
-// GCC/Clang vector extensions: one AVX-512 register where available, lowered
-// to narrower registers elsewhere. Working buffers are padded to kPad columns.
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-#else
-constexpr int kLanes = 8;
-#endif
-constexpr int64_t kPad = 16;
-typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
-typedef float UnalignedVec __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
-typedef int32_t IntVec __attribute__((vector_size(kLanes * sizeof(int32_t))));
-
-inline Vec load(const float* p) { return *reinterpret_cast<const UnalignedVec*>(p); }
-inline void store(float* p, Vec v) { *reinterpret_cast<UnalignedVec*>(p) = v; }
-// x - 0 is x for every float (x + 0 is not: -0 + 0 = +0), so the compiler
-// broadcasts straight from memory.
-inline Vec broadcast(float x) { return x - Vec{}; }
+constexpr int64_t kPad = 16;  // working buffers are padded to kPad columns
 
 inline float sum(Vec v) {
   float total = 0.0f;
@@ -66,27 +52,6 @@ inline IntVec lane_indices() {
 }
 
 inline int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
-
-// exp on a vector (Cephes-style range reduction, ~2 ulp); arguments are
-// clamped to [-87, 88] so the result stays a normal float.
-inline Vec exp_vec(Vec x) {
-  const Vec low = broadcast(-87.0f), high = broadcast(88.0f);
-  x = x < low ? low : x;
-  x = x > high ? high : x;
-  // floor(x / ln2 + 0.5), kept positive before the truncating conversion.
-  IntVec n_int = __builtin_convertvector(x * 1.44269504088896341f + 128.5f, IntVec) - 128;
-  Vec n = __builtin_convertvector(n_int, Vec);
-  Vec r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  Vec p = broadcast(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  IntVec exponent = (n_int + 127) << 23;
-  return p * reinterpret_cast<Vec&>(exponent);
-}
 
 // ---- element conversions (bit exact, round to nearest even) ----
 
@@ -610,7 +575,7 @@ void scalar_gate_scores(int64_t length, ChunkBuffers& buf, float* system, float*
         continue;
       }
       const IntVec index = lanes + int32_t(s);
-      const Vec decay = exp_vec(gate - load(buf.gates + s));
+      const Vec decay = vector_exp(gate - load(buf.gates + s));
       store(key_row, index < int32_t(t) ? negative_beta * decay * load(raw_key_scores + t * chunk + s) : Vec{});
       store(query_row, index <= int32_t(t) ? decay * load(raw_query_scores + t * chunk + s) : Vec{});
     }
@@ -627,7 +592,7 @@ void channel_gate_scores(int64_t length, ChunkBuffers& buf, float* system, float
       const float* gate_s = buf.gates + s * kp;
       Vec key_dot{}, query_dot{};
       for (int64_t c = 0; c < kp; c += kLanes) {
-        const Vec weighted = load(buf.keys + s * kp + c) * exp_vec(load(gate_t + c) - load(gate_s + c));
+        const Vec weighted = load(buf.keys + s * kp + c) * vector_exp(load(gate_t + c) - load(gate_s + c));
         key_dot += load(buf.keys + t * kp + c) * weighted;
         query_dot += load(buf.queries + t * kp + c) * weighted;
       }
@@ -712,7 +677,7 @@ void chunked_group(const GatedDeltaRuleProblem& p, int64_t batch, int64_t key_he
       for (int64_t t = 0; t < length; ++t) {
         const Vec scalar_decay = broadcast(per_channel ? 0.0f : std::exp(buf.gates[t]));
         for (int64_t c = 0; c < kp; c += kLanes) {
-          const Vec decay = per_channel ? exp_vec(load(buf.gates + t * kp + c)) : scalar_decay;
+          const Vec decay = per_channel ? vector_exp(load(buf.gates + t * kp + c)) : scalar_decay;
           store(buf.decayed + t * kp + c, load(buf.keys + t * kp + c) * decay);
           store(buf.decayed + (length + t) * kp + c, load(buf.queries + t * kp + c) * decay);
         }
@@ -746,7 +711,7 @@ void chunked_group(const GatedDeltaRuleProblem& p, int64_t batch, int64_t key_he
         for (int64_t s = 0; s < length; ++s)
           for (int64_t c = 0; c < kp; c += kLanes)
             store(buf.decayed + s * kp + c,
-                  load(buf.keys + s * kp + c) * exp_vec(load(last_gate + c) - load(buf.gates + s * kp + c)));
+                  load(buf.keys + s * kp + c) * vector_exp(load(last_gate + c) - load(buf.gates + s * kp + c)));
         transpose(length, dk, buf.decayed, kp, buf.keys_t, chunk);
         for (int64_t c = 0; c < dk; ++c) buf.last_decay[c] = std::exp(last_gate[c]);
       } else {

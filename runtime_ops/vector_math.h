@@ -1,0 +1,46 @@
+// Math on GCC/Clang vector-extension floats, shared by the CPU kernels. Knows nothing of ATen or ExecuTorch.
+#pragma once
+
+#include <cstdint>
+
+namespace gdn {
+
+// GCC/Clang vector extensions: one AVX-512 register where available, lowered
+// to narrower registers elsewhere.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+typedef float UnalignedVec __attribute__((vector_size(kLanes * sizeof(float)), aligned(4)));
+typedef int32_t IntVec __attribute__((vector_size(kLanes * sizeof(int32_t))));
+
+inline Vec load(const float* p) { return *reinterpret_cast<const UnalignedVec*>(p); }
+inline void store(float* p, Vec v) { *reinterpret_cast<UnalignedVec*>(p) = v; }
+// x - 0 is x for every float (x + 0 is not: -0 + 0 = +0), so the compiler
+// broadcasts straight from memory.
+inline Vec broadcast(float x) { return x - Vec{}; }
+
+// exp on a vector (Cephes-style range reduction, ~2 ulp); arguments are
+// clamped to [-87, 88] so the result stays a normal float.
+inline Vec vector_exp(Vec x) {
+  const Vec low = broadcast(-87.0f), high = broadcast(88.0f);
+  x = x < low ? low : x;
+  x = x > high ? high : x;
+  // floor(x / ln2 + 0.5), kept positive before the truncating conversion.
+  IntVec n_int = __builtin_convertvector(x * 1.44269504088896341f + 128.5f, IntVec) - 128;
+  Vec n = __builtin_convertvector(n_int, Vec);
+  Vec r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  Vec p = broadcast(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  IntVec exponent = (n_int + 127) << 23;
+  return p * reinterpret_cast<Vec&>(exponent);
+}
+
+}  // namespace gdn
