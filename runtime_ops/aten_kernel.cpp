@@ -186,26 +186,7 @@ at::Tensor& conv_gated_delta_rule_out(const at::Tensor& qkv, const at::Tensor& a
   const at::Tensor rows = qkv.stride(2) == 1 ? qkv : qkv.contiguous();
   at::Tensor target = state.stride(3) == 1 ? state : state.contiguous();
   p.starting = positions.data_ptr<int64_t>()[0] == 0;
-  p.qkv = rows.data_ptr<float>();
-  p.a = a.data_ptr<float>();
-  p.b = b.data_ptr<float>();
-  p.conv_weight = conv_weight.data_ptr<float>();
-  p.A_log = A_log.data_ptr<float>();
-  p.A_log_stride = A_log.stride(0);
-  p.dt_bias = dt_bias.data_ptr<float>();
-  p.dt_bias_stride = dt_bias.stride(0);
-  p.conv_state = conv_state.data_ptr<float>();
-  p.state = target.data_ptr<float>();
-  p.output = output.data_ptr<float>();
-  for (int d = 0; d < 3; ++d) {
-    p.qkv_strides[d] = rows.stride(d);
-    p.a_strides[d] = a.stride(d);
-    p.b_strides[d] = b.stride(d);
-    p.conv_weight_strides[d] = conv_weight.stride(d);
-    p.conv_state_strides[d] = conv_state.stride(d);
-    p.state_strides[d] = target.stride(d);
-  }
-  for (int d = 0; d < 4; ++d) p.output_strides[d] = output.stride(d);
+  p.point_at(rows, a, b, conv_weight, A_log, dt_bias, conv_state, target, output);
   conv_gated_delta_rule(p, [](int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
     at::parallel_for(begin, end, 1, body);
   });

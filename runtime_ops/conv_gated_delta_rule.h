@@ -37,6 +37,33 @@ struct ConvGatedDeltaRuleProblem {
 
   float* output = nullptr;  // [B, T, Hv, Dv]
   int64_t output_strides[4] = {0, 0, 0, 0};
+
+  // Points the problem at the op's checked tensors, ATen's or ExecuTorch's (strides(), const_data_ptr,
+  // mutable_data_ptr); qkv with unit stride along C and state along Dv, as the kernel reads them.
+  template <class Tensor>
+  void point_at(const Tensor& qkv_, const Tensor& a_, const Tensor& b_, const Tensor& conv_weight_,
+                const Tensor& A_log_, const Tensor& dt_bias_, Tensor& conv_state_, Tensor& state_, Tensor& output_) {
+    qkv = qkv_.template const_data_ptr<float>();
+    a = a_.template const_data_ptr<float>();
+    b = b_.template const_data_ptr<float>();
+    conv_weight = conv_weight_.template const_data_ptr<float>();
+    A_log = A_log_.template const_data_ptr<float>();
+    A_log_stride = A_log_.strides()[0];
+    dt_bias = dt_bias_.template const_data_ptr<float>();
+    dt_bias_stride = dt_bias_.strides()[0];
+    conv_state = conv_state_.template mutable_data_ptr<float>();
+    state = state_.template mutable_data_ptr<float>();
+    output = output_.template mutable_data_ptr<float>();
+    for (int d = 0; d < 3; ++d) {
+      qkv_strides[d] = qkv_.strides()[d];
+      a_strides[d] = a_.strides()[d];
+      b_strides[d] = b_.strides()[d];
+      conv_weight_strides[d] = conv_weight_.strides()[d];
+      conv_state_strides[d] = conv_state_.strides()[d];
+      state_strides[d] = state_.strides()[d];
+    }
+    for (int d = 0; d < 4; ++d) output_strides[d] = output_.strides()[d];
+  }
 };
 
 // The value forget_previous_sequence raises a sequence's first a to at least (gdn_export/ops/conv_recurrence.py).

@@ -56,26 +56,7 @@ void conv_gated_delta_rule_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
                       InvalidArgument, , "%s: output must have shape [B, T, Hv, Dv] = [%zd, %zd, %zd, %zd]", kOp,
                       ssize_t(p.batch), ssize_t(p.length), ssize_t(p.num_v_heads), ssize_t(p.value_dim));
   p.starting = positions.const_data_ptr<int64_t>()[0] == 0;
-  p.qkv = qkv.const_data_ptr<float>();
-  p.a = a.const_data_ptr<float>();
-  p.b = b.const_data_ptr<float>();
-  p.conv_weight = conv_weight.const_data_ptr<float>();
-  p.A_log = A_log.const_data_ptr<float>();
-  p.A_log_stride = A_log.strides()[0];
-  p.dt_bias = dt_bias.const_data_ptr<float>();
-  p.dt_bias_stride = dt_bias.strides()[0];
-  p.conv_state = conv_state.mutable_data_ptr<float>();
-  p.state = state.mutable_data_ptr<float>();
-  p.output = output.mutable_data_ptr<float>();
-  for (int d = 0; d < 3; ++d) {
-    p.qkv_strides[d] = qkv.strides()[d];
-    p.a_strides[d] = a.strides()[d];
-    p.b_strides[d] = b.strides()[d];
-    p.conv_weight_strides[d] = conv_weight.strides()[d];
-    p.conv_state_strides[d] = conv_state.strides()[d];
-    p.state_strides[d] = state.strides()[d];
-  }
-  for (int d = 0; d < 4; ++d) p.output_strides[d] = output.strides()[d];
+  p.point_at(qkv, a, b, conv_weight, A_log, dt_bias, conv_state, state, output);
   conv_gated_delta_rule(p, executorch_parallel_for);
 }
 

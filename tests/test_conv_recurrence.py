@@ -2,7 +2,7 @@
 
 The reference composes the model's own conv and forget steps with the recurrence's reference
 (gdn_export/ops/conv_recurrence.py); tests/test_rewrite.py checks whole programs built on the op against the
-eager model.
+eager model, tests/test_runtime_ops.py that eager PyTorch dispatches the op to the C++ kernel.
 """
 
 import dataclasses
@@ -12,7 +12,7 @@ import torch
 
 from gdn_export.ops.conformance import relative_error
 from gdn_export.ops.conv_recurrence import check_conv_inputs, conv_gated_delta_rule_out
-from runtime_ops import loader
+from tests.test_runtime_ops import error_of
 
 # The recurrence's chunked form and the conv's order of sums move last bits; the values are O(1).
 TOLERANCE = 2e-5
@@ -62,14 +62,6 @@ def reference_call(args: list) -> tuple:
     return output, conv_state, state
 
 
-def test_cpu_dispatch_runs_the_cpp_kernel():
-    assert loader.is_loaded(), f"no C++ kernels at {loader.library_path()}: run python -m runtime_ops.build"
-    for op in ("conv_gated_delta_rule", "conv_gated_delta_rule.out"):
-        table = torch._C._dispatch_dump_table(f"gdn::{op}")
-        cpu_line = next(line for line in table.splitlines() if line.startswith("CPU:"))
-        assert "aten_kernel.cpp" in cpu_line, cpu_line
-
-
 @pytest.mark.parametrize("first_position", [0, 9])  # a new sequence (states forgotten), one going on
 @pytest.mark.parametrize("shape, length", [
     *[(shape, length) for length in (1, 3, 16, 40)  # token by token, the chunked form from 16
@@ -112,14 +104,6 @@ def test_prefill_then_decode_carries_both_states(generator, seed):
     assert relative_error(states["kernel"][1], states["reference"][1]) <= TOLERANCE, f"seed={seed}"
 
 
-def _error_of(call):
-    try:
-        call()
-    except Exception as error:  # noqa: BLE001 - the type and text are what is compared
-        return type(error), str(error).split("\n")[0]
-    return None
-
-
 @pytest.mark.parametrize("index, breakage", [
     (0, lambda t: t.double()),  # qkv float64
     (6, lambda t: t.int()),  # positions int32
@@ -131,10 +115,10 @@ def _error_of(call):
 def test_bad_input_raises_the_reference_error_and_writes_nothing(index, breakage, generator):
     args = random_inputs(Shape(), 3, 5, generator)
     args[index] = breakage(args[index])
-    expected = _error_of(lambda: check_conv_inputs(*args))
+    expected = error_of(lambda: check_conv_inputs(*args))
     assert expected is not None
     before = [args[7].clone(), args[8].clone()]
-    assert _error_of(lambda: torch.ops.gdn.conv_gated_delta_rule(*args)) == expected
+    assert error_of(lambda: torch.ops.gdn.conv_gated_delta_rule(*args)) == expected
     assert torch.equal(args[7], before[0]) and torch.equal(args[8], before[1])
 
 

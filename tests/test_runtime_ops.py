@@ -27,7 +27,7 @@ def fresh_inputs(generator, **case_fields):
 
 def test_cpu_dispatch_runs_the_cpp_kernel():
     assert loader.is_loaded(), f"no C++ kernels at {loader.library_path()}: run python -m runtime_ops.build"
-    for op in ("gated_delta_rule", "gated_delta_rule.out"):
+    for op in ("gated_delta_rule", "gated_delta_rule.out", "conv_gated_delta_rule", "conv_gated_delta_rule.out"):
         table = torch._C._dispatch_dump_table(f"gdn::{op}")
         cpu_line = next(line for line in table.splitlines() if line.startswith("CPU:"))
         assert "aten_kernel.cpp" in cpu_line, cpu_line
@@ -104,7 +104,7 @@ def test_out_with_strided_state_and_output(generator):
     assert relative_error(final_state, expected_state) <= case.tolerance
 
 
-def _error_of(call):
+def error_of(call):
     try:
         call()
     except Exception as error:  # noqa: BLE001 - the type and text are what is compared
@@ -127,9 +127,9 @@ def test_bad_input_raises_the_reference_error(breakage, generator):
     _, inputs = fresh_inputs(generator, length=6, gate="per_channel")
     args = list(inputs.as_args())
     breakage(args)
-    expected = _error_of(lambda: contract.check_inputs(*args))
+    expected = error_of(lambda: contract.check_inputs(*args))
     assert expected is not None
-    assert _error_of(lambda: torch.ops.gdn.gated_delta_rule(*args, use_qk_l2norm=True)) == expected
+    assert error_of(lambda: torch.ops.gdn.gated_delta_rule(*args, use_qk_l2norm=True)) == expected
 
 
 def test_bad_out_tensor_raises_before_writing(generator):
