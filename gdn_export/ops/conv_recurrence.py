@@ -19,9 +19,9 @@ It is what ``GatedDeltaNet.convolved_recurrence`` computes with ``causal_conv``,
 the conv state and the new inputs (the state cleared at a sequence's start), the
 conv and its SiLU, the state shifted, the first token's gate raised at a
 sequence's start, then q/k/v split, L2 norm, gates and the recurrence. In the
-CPU programs that was some forty calls a layer at a token, most of them
-portable kernels and small XNNPACK ops each waking the thread pool; the C++
-kernel (``runtime_ops``) makes it one. The reference below composes the
+CPU programs that was, a layer at a token, some twenty calls of portable
+kernels and ours and as many small XNNPACK ops, each waking the thread pool;
+the C++ kernel (``runtime_ops``) makes it one. The reference below composes the
 model's own functions with the recurrence's reference.
 """
 

@@ -54,8 +54,9 @@ class FusedOpRecurrence(nn.Module):
 
 class ConvOpGatedDeltaNet(GatedDeltaNet):
     """A Gated DeltaNet layer whose causal conv, gates and recurrence are one ``gdn::conv_gated_delta_rule``, where
-    the model's form made some forty calls a layer at a token in a CPU program (portable kernels and small XNNPACK
-    ops, each waking the thread pool). The op takes float32; a layer of another dtype keeps the model's form."""
+    the model's form made, a layer at a token in a CPU program, some twenty calls of portable kernels and ours and
+    as many small XNNPACK ops, each waking the thread pool. The op takes float32; a layer of another dtype keeps
+    the model's form."""
 
     def convolved_recurrence(self, qkv, a, b, positions) -> torch.Tensor:
         tensors = (qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias, self.conv_state, self.recurrent_state)
