@@ -55,6 +55,7 @@ void convolve_one_token(const ConvGatedDeltaRuleProblem& p, int64_t bi, float* o
     for (int64_t k = 0; k < kept; ++k) sum += w[k * ws2] * (p.starting ? 0.0f : h[k * cs2]);
     sum += w[kept * ws2] * x[c];
     out[c] = sum;
+    if (kept == 0) continue;  // a one-tap conv keeps no state
     for (int64_t j = 0; j + 1 < kept; ++j) h[j * cs2] = p.starting ? 0.0f : h[(j + 1) * cs2];
     h[(kept - 1) * cs2] = x[c];
   }
@@ -170,8 +171,8 @@ ContractError check_conv_inputs(const TensorInfo (&tensors)[9], ConvGatedDeltaRu
   const auto& qkv = tensors[0].sizes;
   const auto& weight = tensors[3].sizes;
   const auto& state = tensors[8].sizes;
-  if (qkv.size() != 3 || state.size() != 4 || weight.size() != 3 || weight[1] != 1 || weight[2] < 2)
-    return {ContractError::Value, op + "qkv must be [B, T, C], conv_weight [C, 1, W] with W >= 2 and state "
+  if (qkv.size() != 3 || state.size() != 4 || weight.size() != 3 || weight[1] != 1 || weight[2] < 1)
+    return {ContractError::Value, op + "qkv must be [B, T, C], conv_weight [C, 1, W] with W >= 1 and state "
                                        "[B, Hv, Dk, Dv], got " + shape_text(qkv) + ", " + shape_text(weight) +
                                        " and " + shape_text(state)};
   const int64_t batch = qkv[0], length = qkv[1], channels = qkv[2], heads = state[1], taps = weight[2];

@@ -11,7 +11,7 @@
 namespace gdn {
 
 struct ConvGatedDeltaRuleProblem {
-  int64_t batch = 0, length = 0, channels = 0, taps = 0;  // qkv [B, T, C], conv_weight [C, 1, W]
+  int64_t batch = 0, length = 0, channels = 0, taps = 0;  // qkv [B, T, C], conv_weight [C, 1, W], W >= 1
   int64_t num_k_heads = 0, num_v_heads = 0, key_dim = 0, value_dim = 0;
   bool starting = false;  // positions[0] == 0: the conv state counts as zeros and the first gate is raised
 

@@ -66,7 +66,8 @@ def reference_call(args: list) -> tuple:
 @pytest.mark.parametrize("shape, length", [
     *[(shape, length) for length in (1, 3, 16, 40)  # token by token, the chunked form from 16
       for shape in (Shape(), Shape(num_k_heads=1, num_v_heads=3, key_dim=20, value_dim=7, taps=2),
-                    Shape(num_k_heads=2, num_v_heads=2, key_dim=8, value_dim=130, taps=3))],
+                    Shape(num_k_heads=2, num_v_heads=2, key_dim=8, value_dim=130, taps=3),
+                    Shape(num_k_heads=1, num_v_heads=1, key_dim=1, value_dim=1, taps=1))],  # no conv state
     (WIDE, 70),  # the threaded conv
 ], ids=lambda value: f"T{value}" if isinstance(value, int) else
         f"Hk{value.num_k_heads}-Hv{value.num_v_heads}-Dk{value.key_dim}-Dv{value.value_dim}-W{value.taps}")
@@ -108,10 +109,10 @@ def test_prefill_then_decode_carries_both_states(generator, seed):
     (0, lambda t: t.double()),  # qkv float64
     (6, lambda t: t.int()),  # positions int32
     (1, lambda t: t[:, :-1]),  # a one token short
-    (3, lambda t: t[:, :, :1]),  # a one-tap conv
+    (3, lambda t: t[:, :, :0]),  # a conv without taps
     (7, lambda t: t[:, :, :-1]),  # conv_state for a narrower conv
     (8, lambda t: t[0]),  # state without its batch dim
-], ids=["qkv-dtype", "positions-dtype", "a-length", "conv-taps", "conv-state-width", "state-rank"])
+], ids=["qkv-dtype", "positions-dtype", "a-length", "conv-no-taps", "conv-state-width", "state-rank"])
 def test_bad_input_raises_the_reference_error_and_writes_nothing(index, breakage, generator):
     args = random_inputs(Shape(), 3, 5, generator)
     args[index] = breakage(args[index])

@@ -83,9 +83,9 @@ def check_conv_inputs(qkv, a, b, conv_weight, A_log, dt_bias, positions, conv_st
         if tensor.dtype != wanted:
             raise TypeError(f"gdn.conv_gated_delta_rule: {name} must be {wanted}, got {tensor.dtype}")
     if qkv.dim() != 3 or state.dim() != 4 or conv_weight.dim() != 3 or conv_weight.shape[1] != 1 \
-            or conv_weight.shape[2] < 2:
+            or conv_weight.shape[2] < 1:
         raise ValueError(
-            f"gdn.conv_gated_delta_rule: qkv must be [B, T, C], conv_weight [C, 1, W] with W >= 2 and state "
+            f"gdn.conv_gated_delta_rule: qkv must be [B, T, C], conv_weight [C, 1, W] with W >= 1 and state "
             f"[B, Hv, Dk, Dv], got {list(qkv.shape)}, {list(conv_weight.shape)} and {list(state.shape)}")
     batch, length, channels = qkv.shape
     num_v_heads, taps = state.shape[1], conv_weight.shape[2]
