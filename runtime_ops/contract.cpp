@@ -1,8 +1,9 @@
-// The op contract's input checks, shared by the ATen and ExecuTorch entry
-// points so both reject the same inputs with the reference's wording
-// (gdn_export/ops/contract.py: check_inputs, check_out_tensors).
+// The ops' input checks, shared by the ATen and ExecuTorch entry points so both
+// reject the same inputs with the reference's wording (gdn_export/ops/contract.py:
+// check_inputs, check_out_tensors; gdn_export/ops/conv_recurrence.py: check_conv_inputs).
 #include <sstream>
 
+#include "conv_gated_delta_rule.h"
 #include "gated_delta_rule.h"
 
 namespace gdn {
@@ -76,6 +77,49 @@ ContractError check_out_tensors(const TensorInfo& value, const TensorInfo& initi
                          shape_string(like->sizes) + " and dtype " + like->dtype_name + ", got shape " +
                          shape_string(tensor->sizes) + " and dtype " + tensor->dtype_name);
   }
+  return {};
+}
+
+ContractError check_conv_inputs(const TensorInfo (&tensors)[9], ConvGatedDeltaRuleProblem& p) {
+  static const char* const kNames[9] = {"qkv", "a", "b", "conv_weight", "A_log", "dt_bias", "positions",
+                                        "conv_state", "state"};
+  const std::string op = "gdn.conv_gated_delta_rule: ";
+  for (int i = 0; i < 9; ++i) {
+    const bool positions = i == 6;
+    if (positions ? tensors[i].dtype_name != "torch.int64" : !tensors[i].is_float32)
+      return type_error(op + kNames[i] + " must be " + (positions ? "torch.int64" : "torch.float32") +
+          ", got " + tensors[i].dtype_name);
+  }
+  const auto& qkv = tensors[0].sizes;
+  const auto& weight = tensors[3].sizes;
+  const auto& state = tensors[8].sizes;
+  if (qkv.size() != 3 || state.size() != 4 || weight.size() != 3 || weight[1] != 1 || weight[2] < 1)
+    return value_error(op + "qkv must be [B, T, C], conv_weight [C, 1, W] with W >= 1 and state "
+        "[B, Hv, Dk, Dv], got " + shape_string(qkv) + ", " + shape_string(weight) +
+        " and " + shape_string(state));
+  const int64_t batch = qkv[0], length = qkv[1], channels = qkv[2], heads = state[1], taps = weight[2];
+  const std::vector<int64_t> expected[9] = {qkv, {batch, length, heads}, {batch, length, heads}, {channels, 1, taps},
+                                            {heads}, {heads}, {length}, {batch, channels, taps - 1},
+                                            {batch, heads, state[2], state[3]}};
+  for (int i = 1; i < 9; ++i)
+    if (tensors[i].sizes != expected[i])
+      return value_error(op + kNames[i] + " must have shape " + shape_string(expected[i]) + " (from qkv " +
+          shape_string(qkv) + ", conv_weight " + shape_string(weight) + " and state " +
+          shape_string(state) + "), got " + shape_string(tensors[i].sizes));
+  if (length < 1) return value_error(op + "qkv must hold at least one token, got T = 0");
+  const int64_t key_channels = channels - heads * state[3];
+  if (key_channels <= 0 || key_channels % (2 * state[2]) != 0 || heads % (key_channels / (2 * state[2])) != 0)
+    return value_error(op + "qkv's last dim must be 2*Hk*Dk + Hv*Dv with Hv a multiple of Hk (Hv=" +
+        std::to_string(heads) + ", Dk=" + std::to_string(state[2]) + ", Dv=" +
+        std::to_string(state[3]) + " from state), got " + std::to_string(channels));
+  p.batch = batch;
+  p.length = length;
+  p.channels = channels;
+  p.taps = taps;
+  p.num_v_heads = heads;
+  p.key_dim = state[2];
+  p.value_dim = state[3];
+  p.num_k_heads = key_channels / (2 * state[2]);
   return {};
 }
 

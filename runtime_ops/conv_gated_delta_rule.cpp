@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -41,7 +40,7 @@ void silu_in_place(float* x, int64_t n) {
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 // One token (a decode step): each channel's window is its conv state and the new input, both read where they lie,
-// so nothing is copied or transposed first. Writes the conv's sums over channels [first, last) and shifts the state.
+// so nothing is copied or transposed first. Writes the conv's sums for every channel and shifts the state.
 void convolve_one_token(const ConvGatedDeltaRuleProblem& p, int64_t bi, float* out) {
   const int64_t kept = p.taps - 1;
   const float* x = p.qkv + bi * p.qkv_strides[0];
@@ -150,56 +149,7 @@ void convolve(const ConvGatedDeltaRuleProblem& p, Scratch& s, const ParallelFor&
   silu_in_place(s.mixed.data(), p.batch * p.length * channels);
 }
 
-std::string shape_text(const std::vector<int64_t>& sizes) {
-  std::string text = "[";
-  for (size_t d = 0; d < sizes.size(); ++d) text += (d ? ", " : "") + std::to_string(sizes[d]);
-  return text + "]";
-}
-
 }  // namespace
-
-ContractError check_conv_inputs(const TensorInfo (&tensors)[9], ConvGatedDeltaRuleProblem& p) {
-  static const char* const kNames[9] = {"qkv", "a", "b", "conv_weight", "A_log", "dt_bias", "positions",
-                                        "conv_state", "state"};
-  const std::string op = "gdn.conv_gated_delta_rule: ";
-  for (int i = 0; i < 9; ++i) {
-    const bool positions = i == 6;
-    if (positions ? tensors[i].dtype_name != "torch.int64" : !tensors[i].is_float32)
-      return {ContractError::Type, op + kNames[i] + " must be " + (positions ? "torch.int64" : "torch.float32") +
-                                       ", got " + tensors[i].dtype_name};
-  }
-  const auto& qkv = tensors[0].sizes;
-  const auto& weight = tensors[3].sizes;
-  const auto& state = tensors[8].sizes;
-  if (qkv.size() != 3 || state.size() != 4 || weight.size() != 3 || weight[1] != 1 || weight[2] < 1)
-    return {ContractError::Value, op + "qkv must be [B, T, C], conv_weight [C, 1, W] with W >= 1 and state "
-                                       "[B, Hv, Dk, Dv], got " + shape_text(qkv) + ", " + shape_text(weight) +
-                                       " and " + shape_text(state)};
-  const int64_t batch = qkv[0], length = qkv[1], channels = qkv[2], heads = state[1], taps = weight[2];
-  const std::vector<int64_t> expected[9] = {qkv, {batch, length, heads}, {batch, length, heads}, {channels, 1, taps},
-                                            {heads}, {heads}, {length}, {batch, channels, taps - 1},
-                                            {batch, heads, state[2], state[3]}};
-  for (int i = 1; i < 9; ++i)
-    if (tensors[i].sizes != expected[i])
-      return {ContractError::Value, op + kNames[i] + " must have shape " + shape_text(expected[i]) + " (from qkv " +
-                                        shape_text(qkv) + ", conv_weight " + shape_text(weight) + " and state " +
-                                        shape_text(state) + "), got " + shape_text(tensors[i].sizes)};
-  if (length < 1) return {ContractError::Value, op + "qkv must hold at least one token, got T = 0"};
-  const int64_t key_channels = channels - heads * state[3];
-  if (key_channels <= 0 || key_channels % (2 * state[2]) != 0 || heads % (key_channels / (2 * state[2])) != 0)
-    return {ContractError::Value, op + "qkv's last dim must be 2*Hk*Dk + Hv*Dv with Hv a multiple of Hk (Hv=" +
-                                      std::to_string(heads) + ", Dk=" + std::to_string(state[2]) + ", Dv=" +
-                                      std::to_string(state[3]) + " from state), got " + std::to_string(channels)};
-  p.batch = batch;
-  p.length = length;
-  p.channels = channels;
-  p.taps = taps;
-  p.num_v_heads = heads;
-  p.key_dim = state[2];
-  p.value_dim = state[3];
-  p.num_k_heads = key_channels / (2 * state[2]);
-  return {};
-}
 
 void conv_gated_delta_rule(const ConvGatedDeltaRuleProblem& p, const ParallelFor& parallel_for) {
   // The caller's scratch, named here so that the pool's threads use it too (not their own thread_local copies).

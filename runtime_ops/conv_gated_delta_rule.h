@@ -72,7 +72,8 @@ constexpr float kForgetLogDecay = 50.0f;
 void conv_gated_delta_rule(const ConvGatedDeltaRuleProblem& problem, const ParallelFor& parallel_for);
 
 // The op's tensors in schema order (qkv, a, b, conv_weight, A_log, dt_bias, positions, conv_state, state) against
-// its contract, worded as gdn_export/ops/conv_recurrence.py's checks; on success sets the problem's sizes.
+// its contract, worded as gdn_export/ops/conv_recurrence.py's checks (in contract.cpp, beside the other ops' checks);
+// on success sets the problem's sizes.
 ContractError check_conv_inputs(const TensorInfo (&tensors)[9], ConvGatedDeltaRuleProblem& problem);
 
 }  // namespace gdn

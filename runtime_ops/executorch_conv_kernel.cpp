@@ -3,24 +3,10 @@
 // Every argument is checked here, so a bad call fails with an error instead of reading or writing out of bounds.
 #include "executorch_entry.h"
 
-#include <string>
-
 #include "conv_gated_delta_rule.h"
 
 namespace gdn {
 namespace {
-
-TensorInfo info_of(const Tensor& tensor) {
-  TensorInfo info;
-  for (auto size : tensor.sizes()) info.sizes.push_back(size);
-  info.is_float32 = tensor.scalar_type() == ScalarType::Float;
-  info.is_supported_float = info.is_float32;
-  info.dtype_name = tensor.scalar_type() == ScalarType::Float  ? "torch.float32"
-                    : tensor.scalar_type() == ScalarType::Long ? "torch.int64"
-                                                               : "torch.<scalar type " +
-                                                                     std::to_string(int(tensor.scalar_type())) + ">";
-  return info;
-}
 
 // gdn::conv_gated_delta_rule.out(qkv, a, b, conv_weight, A_log, dt_bias, positions, conv_state, state, output)
 void conv_gated_delta_rule_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
@@ -29,11 +15,7 @@ void conv_gated_delta_rule_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   TensorInfo infos[9];
   for (int i = 0; i < 9; ++i) infos[i] = info_of(stack[i]->toTensor());
   ConvGatedDeltaRuleProblem p;
-  if (ContractError error = check_conv_inputs(infos, p)) {
-    ET_LOG(Error, "%s", error.message.c_str());
-    ctx.fail(Error::InvalidArgument);
-    return;
-  }
+  if (failed(ctx, check_conv_inputs(infos, p))) return;
   const Tensor& qkv = stack[0]->toTensor();
   const Tensor& a = stack[1]->toTensor();
   const Tensor& b = stack[2]->toTensor();

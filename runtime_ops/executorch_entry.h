@@ -1,8 +1,9 @@
 // What the ExecuTorch entries of the gdn kernels (executorch_kernel.cpp,
 // executorch_attention_kernel.cpp, executorch_planes_kernel.cpp,
-// executorch_linear_kernel.cpp) share: the ExecuTorch names they use, the core
-// routines' parallel loop on ExecuTorch's thread pool, the checks of a boxed
-// call's tensors, output resizing, and the ops' default scale. Included by those files only.
+// executorch_linear_kernel.cpp, executorch_conv_kernel.cpp) share: the ExecuTorch
+// names they use, the core routines' parallel loop on ExecuTorch's thread pool,
+// the checks of a boxed call's tensors and their contract errors, output
+// resizing, and the ops' default scale. Included by those files only.
 #pragma once
 
 #include <executorch/runtime/kernel/kernel_includes.h>
@@ -12,7 +13,9 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <string>
 
+#include "gated_delta_rule.h"  // TensorInfo, ContractError
 
 namespace gdn {
 
@@ -48,6 +51,39 @@ inline void resize_output(Tensor& output, const Tensor& like, int64_t kept, int6
   for (int64_t d = 0; d < kept; ++d) sizes[d] = like.size(d);
   sizes[kept] = static_cast<SizesType>(last);
   (void)executorch::runtime::resize_tensor(output, {sizes, size_t(kept + 1)});
+}
+
+// torch's name of an ExecuTorch dtype, as the contract's messages give it.
+inline std::string dtype_name(ScalarType type) {
+  switch (type) {
+    case ScalarType::Float: return "torch.float32";
+    case ScalarType::BFloat16: return "torch.bfloat16";
+    case ScalarType::Half: return "torch.float16";
+    case ScalarType::Double: return "torch.float64";
+    case ScalarType::Long: return "torch.int64";
+    case ScalarType::Int: return "torch.int32";
+    case ScalarType::Bool: return "torch.bool";
+    default: return "torch.<scalar type " + std::to_string(static_cast<int>(type)) + ">";
+  }
+}
+
+// What the contract's checks (contract.cpp, check_conv_inputs) read of a tensor.
+inline TensorInfo info_of(const Tensor& tensor) {
+  TensorInfo info;
+  for (auto size : tensor.sizes()) info.sizes.push_back(size);
+  const ScalarType type = tensor.scalar_type();
+  info.is_supported_float = type == ScalarType::Float || type == ScalarType::BFloat16 || type == ScalarType::Half;
+  info.is_float32 = type == ScalarType::Float;
+  info.dtype_name = dtype_name(type);
+  return info;
+}
+
+// Fails ctx with message (logged) when error is set; returns whether it was.
+inline bool failed(KernelRuntimeContext& ctx, const ContractError& error) {
+  if (!error) return false;
+  ET_LOG(Error, "%s", error.message.c_str());
+  ctx.fail(Error::InvalidArgument);
+  return true;
 }
 
 // The ops' scale argument: None means 1 / sqrt(head dim), as in the PyTorch contract.

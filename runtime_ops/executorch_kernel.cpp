@@ -13,29 +13,6 @@
 namespace gdn {
 namespace {
 
-std::string dtype_name(ScalarType type) {
-  switch (type) {
-    case ScalarType::Float: return "torch.float32";
-    case ScalarType::BFloat16: return "torch.bfloat16";
-    case ScalarType::Half: return "torch.float16";
-    case ScalarType::Double: return "torch.float64";
-    case ScalarType::Long: return "torch.int64";
-    case ScalarType::Int: return "torch.int32";
-    case ScalarType::Bool: return "torch.bool";
-    default: return "torch.<scalar type " + std::to_string(static_cast<int>(type)) + ">";
-  }
-}
-
-TensorInfo info_of(const Tensor& tensor) {
-  TensorInfo info;
-  for (auto size : tensor.sizes()) info.sizes.push_back(size);
-  const ScalarType type = tensor.scalar_type();
-  info.is_supported_float = type == ScalarType::Float || type == ScalarType::BFloat16 || type == ScalarType::Half;
-  info.is_float32 = type == ScalarType::Float;
-  info.dtype_name = dtype_name(type);
-  return info;
-}
-
 InputView view_of(const Tensor& tensor) {
   InputView view;
   view.data = tensor.const_data_ptr();
@@ -46,14 +23,6 @@ InputView view_of(const Tensor& tensor) {
   }
   for (ssize_t d = 0; d < tensor.dim(); ++d) view.strides[d] = tensor.strides()[d];
   return view;
-}
-
-// Fails ctx with message (logged) when error is set; returns whether it was.
-bool failed(KernelRuntimeContext& ctx, const ContractError& error) {
-  if (!error) return false;
-  ET_LOG(Error, "%s", error.message.c_str());
-  ctx.fail(Error::InvalidArgument);
-  return true;
 }
 
 // The argument kinds a boxed call must carry before any of them is read.

@@ -15,7 +15,7 @@
     all float32 but positions.
 
 It is what ``GatedDeltaNet.convolved_recurrence`` computes with ``causal_conv``,
-``forget_previous_sequence`` and ``gdn::fused_gated_delta_rule``: the window of
+``forget_previous_sequence`` and the layer's recurrence: the window of
 the conv state and the new inputs (the state cleared at a sequence's start), the
 conv and its SiLU, the state shifted, the first token's gate raised at a
 sequence's start, then q/k/v split, L2 norm, gates and the recurrence. In the
