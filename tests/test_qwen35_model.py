@@ -107,8 +107,13 @@ def greedy_generate(model: Qwen35ForCausalLM, prompt: torch.Tensor, new_tokens: 
 def test_greedy_decoding_matches_transformers_generate(checkpoint, backend):
     variant, _, seed, folder, hf = checkpoint
     prompt = random_tokens(6, seed + 2)
-    expected = hf.generate(prompt, max_new_tokens=32, do_sample=False, pad_token_id=0)
-    expected = expected[0, prompt.shape[1]:].tolist()
+    # transformers' greedy tokens from its full forward over the sequence so far. Its generate() decodes through its
+    # cache, which for the MoE-tied checkpoint at GDN_TEST_SEED=2030017712 chose at step 1 a token its own forward
+    # (and ours, to 1e-6) scores 0.58 below the argmax: a departure of transformers' cached path, not a reference.
+    sequence = prompt
+    for _ in range(32):
+        sequence = torch.cat([sequence, hf(sequence).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    expected = sequence[0, prompt.shape[1]:].tolist()
     assert len(expected) == 32
     model = load_qwen35(folder, max_seq_len=40)
     if backend is not None:
