@@ -336,6 +336,22 @@ def int8_rows(weight: torch.Tensor, activation_quantization=None):
     )
 
 
+def lookup_only_bytes(mode: str, vocab_size: int, hidden_size: int, tied: bool) -> int:
+    """Bytes of a ``mode`` program's token table that only the lookup reads (one row a token), not the
+    output head (every row, every step): what a decode step does not stream of the file. fp32 (``none``)
+    programs keep the table beside XNNPACK's own copy of the head; an 8da4w tied head reads the high plane
+    and leaves the low one; the other modes' tied heads read the table's own int8 rows. An untied table is
+    the lookup's alone (its codes counted, its scales, under 1% of them, not)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    weights = vocab_size * hidden_size
+    if mode == "none":
+        return 4 * weights
+    if not tied:
+        return weights
+    return weights // 2 if mode == "8da4w" else 0
+
+
 def share_tied_vocabulary(model: nn.Module) -> bool:
     """When a tied model's quantized table and head hold the same int8 rows and scales (``int8_rows`` gives
     both), rebuild the head's weight on the table's tensors, so the 8-bit vocabulary is held once (254 MB

@@ -119,6 +119,31 @@ def fake_llama_cpp(root, tools=llama_cpp.TOOLS):
     return root
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_decode_read_bytes_are_the_tensors_a_step_streams(tmp_path, generator, tied):
+    """A GGUF written with gguf-py's writer: a step reads every tensor, but the token table when the file has
+    its own output head; bytes from the arrays written (f32 and f16)."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    rows, width = (int(v) for v in torch.randint(8, 40, (2,), generator=generator))
+    tensors = {"token_embd.weight": torch.randn(rows, width, generator=generator).numpy(),
+               "blk.0.ffn_up.weight": torch.randn(2 * width, width, generator=generator).numpy().astype(np.float16),
+               "output_norm.weight": torch.randn(width, generator=generator).numpy()}
+    if not tied:
+        tensors["output.weight"] = torch.randn(rows, width, generator=generator).numpy().astype(np.float16)
+    path = tmp_path / "model.gguf"
+    writer = GGUFWriter(str(path), "qwen35")
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    expected = sum(array.nbytes for array in tensors.values()) - (0 if tied else 4 * rows * width)
+    assert llama_cpp.decode_read_bytes(llama_cpp.LlamaCpp(fake_llama_cpp(tmp_path / "llama")), path) == expected
+
+
 def test_a_bad_llama_cpp_folder_is_one_line_naming_the_flag(tmp_path, capsys):
     cases = {
         "missing": (tmp_path / "missing", "is not a folder"),
@@ -321,7 +346,16 @@ def test_report_sets_ours_against_llama_cpp(generator):
     table = e2e.report(results, {}, floor, (512,), sizes)
     assert f"| {e2e.SYSTEM_LABELS['llama_q4_0']} | {e2e.format_rate(q4_prefill)} | {e2e.format_rate(q4_decode)} | - |" \
         in table
-    assert "| decode: ours_8da4w / llama_q4_0 | 1.25x | 1.5x | NO |" in table
+    assert "| decode: ours_8da4w / llama_q4_0 | 1.25x | 1.5x | NO | - |" in table
+    # With the bytes each step streams: a memory floor per system, and the share of it the floor asks.
+    streamed = {"ours_8da4w": 0.4e9, "llama_q4_0": 0.5e9, "ours_8da8w": 0.8e9, "llama_q8_0": 0.85e9}
+    state = e2e.recurrent_state_traffic(e2e.QWEN35_0_8B)
+    with_bytes = e2e.report(results, {}, floor, (512,), sizes, streamed)
+    q4_floor, ours_floor = 30e9 / (0.5e9 + state), 30e9 / (0.4e9 + state)
+    assert f"| {e2e.format_rate(q4_decode)} | {(0.5e9 + state) / 1e9:.3f} | {q4_decode / q4_floor:.2f} |" in with_bytes
+    assert f"| {e2e.format_rate(1.25 * q4_decode)} | {(0.4e9 + state) / 1e9:.3f} | {1.25 * q4_decode / ours_floor:.2f} |" \
+        in with_bytes
+    assert f"| decode: ours_8da4w / llama_q4_0 | 1.25x | 1.5x | NO | {1.5 * q4_decode / ours_floor:.2f} |" in with_bytes
     assert "| prefill 512: ours_8da4w / llama_q4_0 | 2.00x | 1.5x | yes |" in table
     assert "| decode: ours_8da8w / llama_q8_0 | 1.50x | 1.5x | yes |" in table
     assert "| prefill 512: ours_8da8w / llama_q8_0 | 1.50x | 1.5x | yes |" in table

@@ -331,6 +331,38 @@ def test_tied_4bit_program_reads_one_two_plane_table(exported, generator):
         forward.execute([torch.tensor([tokens]), torch.tensor([0])])
 
 
+@pytest.mark.parametrize("quantize", ["none", "8da4w", "8da8w", "int8wo", "16da8w"])
+def test_lookup_only_bytes_are_the_table_bytes_no_head_reads(exported, quantize):
+    """``lookup_only_bytes`` (what a decode step does not stream of a tied program's file, for gdn-bench's
+    memory floors) against the file: the fp32 table occurs twice (the lookup's and XNNPACK's head's), the
+    8da4w low plane once and read by the lookup alone, and an 8-bit table once, shared with the head."""
+    from gdn_export import load_qwen35
+    from gdn_export.quantize import lookup_only_bytes, quantize_model
+
+    model = load_qwen35(exported.checkpoint("tied"), max_seq_len=128)
+    rows, width = model.embed_tokens.weight.shape
+    if quantize == "none":
+        program = exported.program("tied").read_bytes()
+        table = model.embed_tokens.weight.detach().contiguous().numpy().tobytes()
+        assert program.count(table) == 2
+        expected = len(table)
+    else:
+        model = quantize_model(model, quantize)
+        program = exported.program("tied", quantize=quantize).read_bytes()
+        if quantize == "8da4w":
+            low = model.embed_tokens.vocabulary.low.numpy().tobytes()
+            assert program.count(low) == 1
+            expected = len(low)
+        else:
+            table = model.embed_tokens.weight.qdata.contiguous().numpy().tobytes()
+            assert program.count(table) == 1 and torch.equal(model.lm_head.weight.qdata, model.embed_tokens.weight.qdata)
+            expected = 0
+    assert lookup_only_bytes(quantize, rows, width, tied=True) == expected
+    assert lookup_only_bytes(quantize, rows, width, tied=False) == (4 if quantize == "none" else 1) * rows * width
+    with pytest.raises(ValueError, match="mode must be one of"):
+        lookup_only_bytes("q4", rows, width, tied=True)
+
+
 def test_freed_heap_memory_goes_back_to_the_system():
     """return_freed_memory (called at each export stage) hands back heap pages that frees left mapped.
 
