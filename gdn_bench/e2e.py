@@ -1212,7 +1212,8 @@ def run(args) -> int:
         log(f"measuring memory bandwidth ({args.threads} threads) and decode weight bytes")
         floor = memory_bandwidth(args.threads)
         floor["weight_bytes"] = decode_weight_bytes(workdir.checkpoint)
-        floor["floor_tok_s"] = floor["copy_bandwidth_bytes_s"] / (floor["weight_bytes"] + recurrent_state_traffic(QWEN35_0_8B))
+        step_bytes = floor["weight_bytes"] + recurrent_state_traffic(QWEN35_0_8B)
+        floor["floor_tok_s"] = floor["copy_bandwidth_bytes_s"] / step_bytes
         results["memory_floor"] = floor
     stamp = time.strftime("%Y-%m-%d %H:%M")
     vocab_size = QWEN35_0_8B["vocab_size"]

@@ -79,11 +79,12 @@ def llama_cpp_dir(text: str) -> LlamaCpp:
 def decode_read_bytes(llama: LlamaCpp, gguf: Path) -> int:
     """Bytes of ``gguf``'s tensors that a decode step reads: all of them, but the token table when the file
     has its own output head (then the lookup reads one row a token). Read with the source's gguf-py."""
-    sys.path.insert(0, str(llama.root / "gguf-py"))
+    source = str(llama.root / "gguf-py")
+    sys.path.insert(0, source)
     try:
         from gguf import GGUFReader
     finally:
-        sys.path.remove(str(llama.root / "gguf-py"))
+        sys.path.remove(source)
     tensors = {tensor.name: int(tensor.n_bytes) for tensor in GGUFReader(gguf).tensors}
     untied_table = tensors.get("token_embd.weight", 0) if "output.weight" in tensors else 0
     return sum(tensors.values()) - untied_table
