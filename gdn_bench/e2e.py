@@ -844,7 +844,7 @@ def decode_weight_bytes(checkpoint: Path) -> int:
 
 
 def decode_read_bytes(workdir: "Workdir", llama: Optional[llama_cpp.LlamaCpp]) -> dict:
-    """The weight bytes each quantized program and llama.cpp file on disk streams a decode step (see
+    """The weight bytes each of our programs and llama.cpp's quantized files on disk streams a decode step (see
     ``report``): a program's file but what only its token lookup reads, a GGUF's tensors but an untied table."""
     from gdn_export.quantize import lookup_only_bytes
 
@@ -852,7 +852,7 @@ def decode_read_bytes(workdir: "Workdir", llama: Optional[llama_cpp.LlamaCpp]) -
     streamed = {
         system: path.stat().st_size - lookup_only_bytes(
             OURS[system], config["vocab_size"], config["hidden_size"], config["tie_word_embeddings"])
-        for system, path in workdir.ours.items() if OURS[system] != "none" and path.is_file()
+        for system, path in workdir.ours.items() if path.is_file()
     }
     if llama is not None:
         streamed.update({system: llama_cpp.decode_read_bytes(llama, path)
@@ -896,8 +896,8 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Opti
            read_bytes: Optional[dict] = None) -> str:
     """The markdown tables: tok/s, ratios against the issue's floors, sizes against llama.cpp's files
     (``sizes``: bytes by system), quality, and build costs. ``read_bytes`` (by system) are the weight bytes
-    a quantized system's decode step streams; each system's memory floor is the copy bandwidth over them
-    (the fp32 systems': over the checkpoint's fp32 weights)."""
+    a system's decode step streams; each system's memory floor is the copy bandwidth over them (an fp32
+    system without them: over the checkpoint's fp32 weights)."""
     state = recurrent_state_traffic(QWEN35_0_8B)
     read_floor = floor["read_bandwidth_bytes_s"] / (floor["weight_bytes"] + state)
     streamed = {system: weights + state for system, weights in
@@ -911,9 +911,9 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Opti
         f"{state / 1e9:.3f} GB of recurrent state (read and written). Copy bandwidth "
         f"{floor['copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (read + written): fp32 memory floor "
         f"{floor['floor_tok_s']:.2f} tok/s. Read bandwidth (a sum) "
-        f"{floor['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s: {read_floor:.2f} tok/s. A quantized system's floor "
-        "is the copy bandwidth over its step's bytes: the weights it reads (its file but what only the token "
-        "lookup reads) and the state; decode / floor is the share of its floor a system reaches.",
+        f"{floor['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s: {read_floor:.2f} tok/s. Each system's floor "
+        "is the copy bandwidth over its step's bytes: the weights it reads (where its file is measured, the file "
+        "but what only the token lookup reads) and the state; decode / floor is the share of it a system reaches.",
         "",
         "| system | " + " | ".join(f"prefill {p} tok/s" for p in prompts)
         + " | decode tok/s | GB a step | decode / floor | threads | measured (load average) |",
