@@ -267,8 +267,12 @@ def test_time_generation_on_transformers_follows_the_runners_protocol(tmp_path, 
     runs = [e2e_cuda.time_generation(session, prompt, new_tokens) for _ in range(2)]
     model = Qwen3_5ForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     with torch.no_grad():  # the reference: transformers' own greedy generate
-        reference = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                   do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+        # The mask says every prompt token is real: without it generate masks those equal to pad_token_id (a
+        # prompt holding token 0, as at GDN_TEST_SEED=1730705244, lost that token).
+        ids = torch.tensor([prompt])
+        reference = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                                   min_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0)[0, len(prompt):].tolist()
     for run in runs:  # the second run starts from an empty state again
         assert run["generated_ids"] == reference, f"seed {seed}: {run['generated_ids']} vs {reference}"
         assert (run["prompt_tokens"], run["generated_tokens"], run["decode_steps"]) == (9, 6, 5)
