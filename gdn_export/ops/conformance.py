@@ -477,6 +477,9 @@ def _attention_cases() -> list[AttentionCase]:
     # D = 48: up to the caches' last position, T up to 16.
     for length, start in [(1, 63), (16, 0), (5, 30), (16, 48)]:
         cases.append(dataclasses.replace(base, length=length, start=start, head_dim=48))
+    # D = 18, a decode step at position 41: kernels that take the cache 4 dims or positions a pass end both
+    # part-full.
+    cases.append(dataclasses.replace(base, length=1, start=41, head_dim=18))
     # D = 20 over 100 positions, 6 query heads on 1 KV head: the C++ kernel's row blocks (48 rows),
     # row tiles (6) and column panels (16) all end part-full.
     for length, start in [(40, 0), (33, 67), (1, 99), (17, 5)]:
