@@ -744,14 +744,22 @@ def run_prompt_cache(args, workdir: Workdir) -> int:
 
 
 def decode_turns(system: str, artifact: str, plan: Plan, connection) -> None:
-    """Child: load, prefill the first prompt, then run the decode steps each turn asks for and send their times."""
+    """Child: load, prefill the first prompt, then run the decode steps each turn asks for and send their times.
+
+    A turn is ``steps`` (going on from where the last turn stopped) or ``(steps, True)``: from the prompt again,
+    prefilled untimed, so that every turn decodes at the same depth (as llama-bench's ``-d`` does)."""
     use_threads(system, plan.threads)
     session = open_session(system, artifact)
     generator = torch.Generator().manual_seed(plan.seed)
+    prompt = torch.randint(0, plan.vocab_size, (plan.prompts[0],), generator=generator).tolist()
     session.reset()
-    logits = session.feed(torch.randint(0, plan.vocab_size, (plan.prompts[0],), generator=generator).tolist())
+    logits = session.feed(prompt)
     connection.send("ready")
-    while (steps := connection.recv()) is not None:
+    while (turn := connection.recv()) is not None:
+        steps, from_prompt = turn if isinstance(turn, tuple) else (turn, False)
+        if from_prompt:
+            session.reset()
+            logits = session.feed(prompt)
         times = []
         for _ in range(steps):
             token = int(logits.argmax())
@@ -759,6 +767,39 @@ def decode_turns(system: str, artifact: str, plan: Plan, connection) -> None:
             logits = session.feed([token])
             times.append(1e3 * (time.perf_counter() - started))
         connection.send(times)
+
+
+def alternated_with_llama(artifacts: dict, ggufs: dict, llama: llama_cpp.LlamaCpp, plan: Plan, rounds: int) -> dict:
+    """Decode tok/s of our programs (``artifacts``) and llama.cpp's files (``ggufs``) in alternation: each round,
+    every system decodes ``plan.decode_steps`` tokens after the first prompt, one after the other (ours in its
+    process, loaded once; llama.cpp in one llama-bench run at that depth). A system's rate is the median over
+    rounds of its turn's tokens per second, so both sides meet the host's drift in the same rounds.
+    Returns ``{system: {"decode_tok_s": median, "turns_tok_s": [...]}}``."""
+    context = get_context("spawn")
+    workers, turns = {}, {system: [] for system in (*artifacts, *ggufs)}
+    try:
+        for system, artifact in artifacts.items():  # one load at a time: the peaks of memory do not add up
+            parent, child = context.Pipe()
+            process = context.Process(target=decode_turns, args=(system, str(artifact), plan, child))
+            process.start()
+            workers[system] = (process, parent)
+            if parent.recv() != "ready":
+                raise RuntimeError(f"alternated decode: {system} did not start")
+        for round_index in range(rounds):
+            for system, (_, connection) in workers.items():
+                connection.send((plan.decode_steps, True))
+                turns[system].append(1e3 * plan.decode_steps / sum(connection.recv()))
+            for system, gguf in ggufs.items():
+                command = llama_cpp.decode_turn_command(llama, gguf, plan.prompts[0], plan.decode_steps, plan.threads)
+                turns[system].append(llama_cpp.parse_bench([run_tool(command).stdout])["decode_tok_s"])
+            log(f"  round {round_index + 1}: " + ", ".join(f"{s} {rates[-1]:.1f}" for s, rates in turns.items()))
+    finally:
+        for process, connection in workers.values():
+            if process.is_alive():
+                connection.send(None)
+                process.join(timeout=60)
+    return {system: {"decode_tok_s": statistics.median(rates), "turns_tok_s": rates}
+            for system, rates in turns.items()}
 
 
 def interleaved_decode(artifacts: dict, plan: Plan, rounds: int, steps: int) -> dict:
@@ -964,6 +1005,30 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Opti
                 value = interleaved["systems"][numerator]["decode_tok_s"] / interleaved["systems"][denominator]["decode_tok_s"]
                 lines.append(f"\ninterleaved decode {numerator} / {denominator}: {value:.2f}x "
                              f"(floor {least}x: {'met' if value >= least else 'NOT met'})")
+    alternated = results.get("llama_alternated")
+    if alternated:
+        systems = [system for system in REPORTED if system in alternated["systems"]]
+        lines += [
+            "",
+            f"Decode alternated with llama.cpp ({alternated['rounds']} rounds; in each, every system decodes "
+            f"{alternated['tokens']} tokens after {alternated['depth']}, one after the other; "
+            f"{alternated['measured_at']}):",
+            "",
+            "| system | decode tok/s (median turn) | turns: slowest to fastest |",
+            "|---|---|---|",
+        ]
+        for system in systems:
+            entry = alternated["systems"][system]
+            lines.append(f"| {SYSTEM_LABELS[system]} | {format_rate(entry['decode_tok_s'])} | "
+                         f"{format_rate(min(entry['turns_tok_s']))} to {format_rate(max(entry['turns_tok_s']))} |")
+        for numerator, denominator, measure_name, least in TARGETS:
+            if measure_name == "decode" and {numerator, denominator} <= set(systems):
+                ours, theirs = alternated["systems"][numerator], alternated["systems"][denominator]
+                value = ours["decode_tok_s"] / theirs["decode_tok_s"]
+                rounds = [a / b for a, b in zip(ours["turns_tok_s"], theirs["turns_tok_s"])]
+                lines.append(f"\nalternated decode {numerator} / {denominator}: {value:.2f}x (floor {least}x: "
+                             f"{'met' if value >= least else 'NOT met'}; round by round {min(rounds):.2f}x to "
+                             f"{max(rounds):.2f}x)")
     quality = results.get("quality")
     if quality:
         lines += [
@@ -1140,6 +1205,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="systems whose decode is also timed in turns, all loaded at once, among those of --only "
                              "(default %(default)s; an empty string skips it)")
     parser.add_argument("--interleave-rounds", type=int, default=8, help="turns per system (default %(default)s)")
+    parser.add_argument("--llama-rounds", type=int, default=0,
+                        help="with --llama-cpp: also time the decode of our programs and llama.cpp's files in "
+                             "alternation, this many rounds, each system decoding --decode-steps tokens after the "
+                             "first prompt in every round (default %(default)s: not)")
     parser.add_argument("--build-only", action="store_true", help="build the artifacts, time nothing")
     parser.add_argument("--kl", action="store_true",
                         help=f"also score the quantized programs among --only: mean KL divergence from the fp32 "
@@ -1186,6 +1255,10 @@ def run(args) -> int:
         raise UsageError(f"--decode-steps must be >= 1, got {args.decode_steps}")
     if args.interleave_rounds < 1:
         raise UsageError(f"--interleave-rounds must be >= 1, got {args.interleave_rounds}")
+    if args.llama_rounds < 0:
+        raise UsageError(f"--llama-rounds must be >= 0, got {args.llama_rounds}")
+    if args.llama_rounds and args.llama_cpp is None:
+        raise UsageError("--llama-rounds needs --llama-cpp DIR: the llama.cpp build whose files take turns")
     if args.threads < 1:
         raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.llama_repetitions < 1:
@@ -1237,6 +1310,23 @@ def run(args) -> int:
             results[system] = {**measure_llama(args.llama_cpp, workdir.gguf[system], plan, args.llama_repetitions),
                                "measured_at": stamp}
             write_json(workdir.results_path, results)
+    # Decode pairs of the targets, ours against llama.cpp, timed again in alternation.
+    pairs = [(numerator, denominator) for numerator, denominator, measure_name, _ in TARGETS
+             if measure_name == "decode" and numerator in args.only and numerator in OURS and denominator in LLAMA_SYSTEMS]
+    if args.llama_rounds and pairs and not args.build_only:
+        ours_side = [system for system in SYSTEMS if system in {numerator for numerator, _ in pairs}]
+        llama_side = [system for system in LLAMA_SYSTEMS if system in {denominator for _, denominator in pairs}]
+        log(f"decode alternated with llama.cpp: {', '.join(ours_side + llama_side)}, {args.llama_rounds} rounds of "
+            f"{args.decode_steps} tokens after {args.prompts[0]}")
+        plan = Plan(tuple(args.prompts[:1]), args.decode_steps, vocab_size, args.seed, args.threads)
+        results["llama_alternated"] = {
+            "systems": alternated_with_llama({s: artifacts[s] for s in ours_side},
+                                             {s: workdir.gguf[s] for s in llama_side}, args.llama_cpp, plan,
+                                             args.llama_rounds),
+            "rounds": args.llama_rounds, "tokens": args.decode_steps, "depth": args.prompts[0],
+            "measured_at": time.strftime("%Y-%m-%d %H:%M"),
+        }
+        write_json(workdir.results_path, results)
     scored = {system: str(artifacts[system]) for system in args.only if OURS.get(system, "none") != "none"}
     if args.kl and scored and not args.build_only:
         log(f"quality: KL divergence from the fp32 model, {', '.join(scored)}")
@@ -1262,7 +1352,7 @@ def run(args) -> int:
     if not floor:
         return 0
     systems = {s: results[s] for s in REPORTED if s in results}
-    for extra in ("interleaved_decode", "quality"):
+    for extra in ("interleaved_decode", "llama_alternated", "quality"):
         if extra in results:
             systems[extra] = results[extra]
     sizes = {system: path.stat().st_size for system, path in {**workdir.ours, **workdir.gguf}.items() if path.is_file()}

@@ -172,6 +172,13 @@ def bench_commands(llama: LlamaCpp, gguf: Path, prompts: tuple, decode_steps: in
     ]
 
 
+def decode_turn_command(llama: LlamaCpp, gguf: Path, depth: int, tokens: int, threads: int) -> list:
+    """One llama-bench run (JSON on stdout) of ``tokens`` generated tokens after a context of ``depth``, once:
+    a turn of ``gdn-bench e2e --llama-rounds``."""
+    return [str(llama.tool("llama-bench")), "-m", str(gguf), "-t", str(threads), "-r", "1", "-o", "json",
+            "-p", "0", "-n", str(tokens), "-d", str(depth)]
+
+
 def parse_bench(outputs: list) -> dict:
     """tok/s from llama-bench JSON outputs: the median over repetitions of each test's ``samples_ts``,
     as ``{"prefill_tok_s": {prompt: tok/s}, "decode_tok_s": tok/s, ...}`` (e2e's result shape)."""

@@ -38,6 +38,8 @@ def bench_error(capsys, *arguments) -> str:
     (["--only", "ours,ours_graph"], "--only: --device cpu times ours, ours_8da4w, ours_8da8w, ours_int8wo, ours_16da8w, hf, "
                                     "executorch, got ours_graph"),
     (["--device", "cuda", "--runs", "0"], "--runs must be >= 1, got 0"),
+    (["--llama-rounds", "-1"], "--llama-rounds must be >= 0, got -1"),
+    (["--llama-rounds", "2"], "--llama-rounds needs --llama-cpp DIR: the llama.cpp build whose files take turns"),
     (["--device", "cuda", "--decode-steps", "0"], "--decode-steps must be >= 1, got 0"),
     # The context holds the longest prompt, or the first and the decode steps after it, here the latter.
     (["--device", "cuda", "--prompts", "96,64", "--decode-steps", "64", "--prefill-chunk", "161"],

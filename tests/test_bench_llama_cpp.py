@@ -368,3 +368,71 @@ def test_report_sets_ours_against_llama_cpp(generator):
         in table
     assert f"| {e2e.SYSTEM_LABELS['ours_8da8w']} | 965.0 | {e2e.SYSTEM_LABELS['llama_q8_0']} | 764.0 | 1.26x | 1.1x | NO |" \
         in table
+
+
+# A llama-bench stand-in: each run logs its arguments and prints the next of its scripted decode rates as
+# llama-bench's JSON.
+FAKE_LLAMA_BENCH = """#!{python}
+import json, sys
+from pathlib import Path
+here = Path(__file__).parent
+with open(here / "calls.txt", "a") as log:
+    log.write(" ".join(sys.argv[1:]) + "\\n")
+rates = json.loads((here / "rates.json").read_text())
+calls = len((here / "calls.txt").read_text().splitlines())
+arguments = sys.argv[1:]
+tokens, depth = int(arguments[arguments.index("-n") + 1]), int(arguments[arguments.index("-d") + 1])
+print(json.dumps([{{"n_prompt": 0, "n_gen": tokens, "n_depth": depth, "samples_ts": [rates[calls - 1]]}}]))
+"""
+
+
+def test_decode_alternated_with_llama_cpp_takes_turns_from_the_prompt(tmp_path, generator):
+    """--llama-rounds: every round, our tiny program decodes from the prompt again in its own process and
+    llama-bench runs once at the prompt's depth; each system's rate is the median of its turns, llama-bench's
+    being the rates it printed, in order."""
+    from gdn_export import export_qwen35
+    from gdn_export.tiny import make_tiny_checkpoint
+
+    llama = llama_cpp.LlamaCpp(fake_llama_cpp(tmp_path / "llama"))
+    bench = llama.tool("llama-bench")
+    bench.write_text(FAKE_LLAMA_BENCH.format(python=sys.executable))
+    rounds, tokens, depth = 3, 4, int(torch.randint(3, 9, (1,), generator=generator))
+    rates = [round(float(v), 2) for v in 10 + 40 * torch.rand(rounds, generator=generator)]
+    (bench.parent / "rates.json").write_text(json.dumps(rates))
+    gguf = tmp_path / "model-q4_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    program = tmp_path / "ours_8da4w.pte"
+    export_qwen35(make_tiny_checkpoint(tmp_path / "tiny", seed=int(torch.randint(0, 2**31, (1,), generator=generator))),
+                  program, max_seq_len=64, prefill_chunk=8, quantize="8da4w")
+    plan = e2e.Plan((depth,), tokens, 64, seed=0, threads=1)
+
+    result = e2e.alternated_with_llama({"ours_8da4w": program}, {"llama_q4_0": gguf}, llama, plan, rounds)
+
+    assert result["llama_q4_0"]["turns_tok_s"] == rates
+    assert result["llama_q4_0"]["decode_tok_s"] == sorted(rates)[1]
+    calls = (bench.parent / "calls.txt").read_text().splitlines()
+    assert calls == [f"-m {gguf} -t 1 -r 1 -o json -p 0 -n {tokens} -d {depth}"] * rounds
+    ours = result["ours_8da4w"]["turns_tok_s"]
+    assert len(ours) == rounds and all(rate > 0 for rate in ours)
+    assert result["ours_8da4w"]["decode_tok_s"] == sorted(ours)[1]
+
+
+def test_report_of_the_alternated_decode(generator):
+    """Each system's median turn and its range; per target pair the ratio of medians and the range of the
+    rounds' own ratios."""
+    ours, theirs = ([round(float(v), 2) for v in 20 + 30 * torch.rand(4, generator=generator)] for _ in range(2))
+    median = lambda values: (sorted(values)[1] + sorted(values)[2]) / 2  # noqa: E731 (four values)
+    results = {"llama_alternated": {
+        "systems": {"ours_8da4w": {"decode_tok_s": median(ours), "turns_tok_s": ours},
+                    "llama_q4_0": {"decode_tok_s": median(theirs), "turns_tok_s": theirs}},
+        "rounds": 4, "tokens": 32, "depth": 128, "measured_at": "t"}}
+    floor = {"copy_bandwidth_bytes_s": 30e9, "read_bandwidth_bytes_s": 30e9, "weight_bytes": 3e9, "floor_tok_s": 10.0}
+    table = e2e.report(results, {}, floor, (128,), {})
+    assert "Decode alternated with llama.cpp (4 rounds; in each, every system decodes 32 tokens after 128" in table
+    assert f"| {e2e.SYSTEM_LABELS['ours_8da4w']} | {e2e.format_rate(median(ours))} | " \
+           f"{e2e.format_rate(min(ours))} to {e2e.format_rate(max(ours))} |" in table
+    value = median(ours) / median(theirs)
+    by_round = [a / b for a, b in zip(ours, theirs)]
+    assert f"alternated decode ours_8da4w / llama_q4_0: {value:.2f}x (floor 1.5x: " \
+           f"{'met' if value >= 1.5 else 'NOT met'}; round by round {min(by_round):.2f}x to {max(by_round):.2f}x)" \
+        in table
