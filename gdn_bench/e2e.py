@@ -43,6 +43,7 @@ Q8_0 and Q4_0 from F32 over the same 512 tokens.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import math
@@ -55,7 +56,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -769,62 +770,57 @@ def decode_turns(system: str, artifact: str, plan: Plan, connection) -> None:
         connection.send(times)
 
 
+@contextlib.contextmanager
+def decoding_workers(artifacts: dict, plan: Plan) -> Iterator[dict]:
+    """``{system: connection}`` to one ``decode_turns`` process per program, each loaded and prefilled in turn
+    (one load at a time: the peaks of memory do not add up); all told to stop on the way out."""
+    context = get_context("spawn")
+    workers = {}
+    try:
+        for system, artifact in artifacts.items():
+            parent, child = context.Pipe()
+            process = context.Process(target=decode_turns, args=(system, str(artifact), plan, child))
+            process.start()
+            workers[system] = (process, parent)
+            if parent.recv() != "ready":
+                raise RuntimeError(f"decode turns: {system} did not start")
+            log(f"  decode turns: {system} loaded")
+        yield {system: connection for system, (_, connection) in workers.items()}
+    finally:
+        for process, connection in workers.values():
+            if process.is_alive():
+                connection.send(None)
+                process.join(timeout=60)
+
+
 def alternated_with_llama(artifacts: dict, ggufs: dict, llama: llama_cpp.LlamaCpp, plan: Plan, rounds: int) -> dict:
     """Decode tok/s of our programs (``artifacts``) and llama.cpp's files (``ggufs``) in alternation: each round,
     every system decodes ``plan.decode_steps`` tokens after the first prompt, one after the other (ours in its
     process, loaded once; llama.cpp in one llama-bench run at that depth). A system's rate is the median over
     rounds of its turn's tokens per second, so both sides meet the host's drift in the same rounds.
     Returns ``{system: {"decode_tok_s": median, "turns_tok_s": [...]}}``."""
-    context = get_context("spawn")
-    workers, turns = {}, {system: [] for system in (*artifacts, *ggufs)}
-    try:
-        for system, artifact in artifacts.items():  # one load at a time: the peaks of memory do not add up
-            parent, child = context.Pipe()
-            process = context.Process(target=decode_turns, args=(system, str(artifact), plan, child))
-            process.start()
-            workers[system] = (process, parent)
-            if parent.recv() != "ready":
-                raise RuntimeError(f"alternated decode: {system} did not start")
+    turns = {system: [] for system in (*artifacts, *ggufs)}
+    with decoding_workers(artifacts, plan) as workers:
         for round_index in range(rounds):
-            for system, (_, connection) in workers.items():
+            for system, connection in workers.items():
                 connection.send((plan.decode_steps, True))
                 turns[system].append(1e3 * plan.decode_steps / sum(connection.recv()))
             for system, gguf in ggufs.items():
                 command = llama_cpp.decode_turn_command(llama, gguf, plan.prompts[0], plan.decode_steps, plan.threads)
                 turns[system].append(llama_cpp.parse_bench([run_tool(command).stdout])["decode_tok_s"])
             log(f"  round {round_index + 1}: " + ", ".join(f"{s} {rates[-1]:.1f}" for s, rates in turns.items()))
-    finally:
-        for process, connection in workers.values():
-            if process.is_alive():
-                connection.send(None)
-                process.join(timeout=60)
     return {system: {"decode_tok_s": statistics.median(rates), "turns_tok_s": rates}
             for system, rates in turns.items()}
 
 
 def interleaved_decode(artifacts: dict, plan: Plan, rounds: int, steps: int) -> dict:
     """Median decode step (ms) and tok/s of each system, the systems taking turns of ``steps`` steps."""
-    context = get_context("spawn")
-    workers = {}
-    try:
-        for system, artifact in artifacts.items():  # one load at a time: the peaks of memory do not add up
-            parent, child = context.Pipe()
-            process = context.Process(target=decode_turns, args=(system, str(artifact), plan, child))
-            process.start()
-            workers[system] = (process, parent)
-            if parent.recv() != "ready":
-                raise RuntimeError(f"interleaved decode: {system} did not start")
-            log(f"  interleaved decode: {system} loaded")
-        times = {system: [] for system in artifacts}
+    times = {system: [] for system in artifacts}
+    with decoding_workers(artifacts, plan) as workers:
         for _ in range(rounds):
-            for system, (_, connection) in workers.items():
+            for system, connection in workers.items():
                 connection.send(steps)
                 times[system] += connection.recv()
-    finally:
-        for process, connection in workers.values():
-            if process.is_alive():
-                connection.send(None)
-                process.join(timeout=60)
     return {
         system: {"decode_tok_s": 1e3 / statistics.median(steps_ms), "decode_steps_ms": [round(v, 2) for v in steps_ms]}
         for system, steps_ms in times.items()
