@@ -236,6 +236,11 @@ void values_streamed(const CachedAttentionProblem& p, const Block& b, Workspace&
   }
 }
 
+// The workspace only grows: resize keeps what a smaller block leaves, so a thread's calls allocate once.
+void at_least(std::vector<float>& buffer, int64_t size) {
+  if (int64_t(buffer.size()) < size) buffer.resize(size);
+}
+
 void attend_block(const CachedAttentionProblem& p, int64_t kv_head, int64_t first_row, int64_t rows,
                   Workspace& work) {
   const int64_t length = p.length, dim = p.head_dim;
@@ -243,7 +248,7 @@ void attend_block(const CachedAttentionProblem& p, int64_t kv_head, int64_t firs
   b.keys = p.k_cache + kv_head * p.k_cache_strides[0];
   b.values = p.v_cache + kv_head * p.v_cache_strides[0];
   b.rows = rows;
-  if (int64_t(work.packed_query.size()) < dim * kBlockRows) work.packed_query.resize(dim * kBlockRows);
+  at_least(work.packed_query, dim * kBlockRows);
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t row = first_row + i;
     const int64_t head = kv_head * (p.num_heads / p.num_kv_heads) + row / length, token = row % length;
@@ -256,10 +261,7 @@ void attend_block(const CachedAttentionProblem& p, int64_t kv_head, int64_t firs
   b.width = round_up(b.longest, kPanel);
   b.padded_dim = round_up(dim, kPanel);
   const bool streamed = rows <= kTileRows;
-  // Grown only (resize keeps what a smaller block leaves); the streamed path needs no panels.
-  const auto at_least = [](std::vector<float>& buffer, int64_t size) {
-    if (int64_t(buffer.size()) < size) buffer.resize(size);
-  };
+  // The streamed path needs no panels.
   if (!streamed) {
     at_least(work.panel, std::max(dim, b.longest) * kPanel);
     at_least(work.packed_weights, b.longest * kBlockRows);
