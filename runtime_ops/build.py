@@ -61,7 +61,8 @@ def package_cmake_dirs() -> list[str]:
     return [torch.utils.cmake_prefix_path, str(executorch_root / "share" / "cmake")]
 
 
-def build(build_dir: Path, native: bool = True, jobs: int | None = None) -> Path:
+def build(build_dir: Path, native: bool = True, jobs: int | None = None, install: bool = True) -> Path:
+    """The folder holding the built libraries: the loader's (``install``), else ``build_dir`` itself."""
     cmake = find_cmake()
     configure = [
         cmake, "-S", str(SOURCE_DIR), "-B", str(build_dir),
@@ -71,6 +72,8 @@ def build(build_dir: Path, native: bool = True, jobs: int | None = None) -> Path
     ]
     subprocess.run(configure, check=True)
     subprocess.run([cmake, "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 1)], check=True)
+    if not install:
+        return build_dir
     INSTALLED_LIBRARY.parent.mkdir(parents=True, exist_ok=True)
     for name in (LIBRARY_NAME, ATEN_LIBRARY_NAME):
         staging = INSTALLED_LIBRARY.with_name(f".{name}.{os.getpid()}.tmp")

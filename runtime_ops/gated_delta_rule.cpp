@@ -178,9 +178,10 @@ constexpr int kTileVectors = kLanes == 16 ? 4 : 2;
 
 // Pins v to a register. GCC otherwise folds the load of a B row into every
 // x86 FMA that uses it: kTileRows loads per vector instead of one, and the
-// tile becomes bound by loads.
+// tile becomes bound by loads. Only where a Vec fits one register (AVX's 256
+// bits or wider): without AVX (a --portable build) there is none to pin it to.
 inline void keep_in_register(Vec& v) {
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__AVX__)
   asm("" : "+v"(v));
 #else
   (void)v;

@@ -256,3 +256,24 @@ def test_int8_embedding_delegate_reads_the_rows_and_refuses_ids_outside_the_tabl
                 forward.execute([torch.tensor([[1, bad]], dtype=dtype)])
     finally:
         path.unlink(missing_ok=True)
+
+
+def test_portable_build_compiles_and_its_kernels_match_the_reference(tmp_path, seed):
+    """``python -m runtime_ops.build --portable`` (no -march=native: the kernels' plain C++ paths, for machines
+    other than the one that builds) compiles, and the kernels it makes pass the C++ kernels' own tests against
+    the PyTorch reference, in a child process that loads them instead of the installed ones."""
+    from runtime_ops.build import LIBRARY_NAME, build
+
+    built = build(tmp_path / "portable", native=False, install=False)
+    disassembly = subprocess.run(["objdump", "-d", str(built / LIBRARY_NAME)], capture_output=True, text=True)
+    if disassembly.returncode == 0:  # the portable library uses no register wider than SSE's
+        assert "%ymm" not in disassembly.stdout and "%zmm" not in disassembly.stdout
+    env = dict(os.environ, GDN_RUNTIME_OPS_LIB=str(built / LIBRARY_NAME), GDN_TEST_SEED=str(seed))
+    tests = ["tests/test_vocabulary_planes.py", "tests/test_cached_attention.py", "tests/test_grouped_int8_linear.py",
+             "tests/test_conv_recurrence.py", "tests/test_runtime_ops.py::test_head_dims_off_the_vector_width",
+             "tests/test_runtime_ops.py::test_out_in_place_matches_functional"]
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
+                           capture_output=True, text=True, timeout=1200)
+    assert child.returncode == 0, f"seed {seed}:\n{child.stdout[-3000:]}"
+    assert " passed" in child.stdout and "skipped" not in child.stdout, child.stdout[-1000:]
