@@ -929,6 +929,16 @@ def short_rate(value: float) -> str:
     return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
 
 
+def decode_targets_among(systems) -> list:
+    """``(numerator, denominator, least)`` of each decode target whose two systems are both among ``systems``."""
+    return [(numerator, denominator, least) for numerator, denominator, measure_name, least in TARGETS
+            if measure_name == "decode" and {numerator, denominator} <= set(systems)]
+
+
+def floor_verdict(value: float, least: float) -> str:
+    return "met" if value >= least else "NOT met"
+
+
 def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Optional[dict] = None,
            read_bytes: Optional[dict] = None) -> str:
     """The markdown tables: tok/s, ratios against the issue's floors, sizes against llama.cpp's files
@@ -997,11 +1007,10 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Opti
             "|---|---|",
         ]
         lines += [f"| {SYSTEM_LABELS[s]} | {format_rate(interleaved['systems'][s]['decode_tok_s'])} |" for s in systems]
-        for numerator, denominator, measure_name, least in TARGETS:
-            if measure_name == "decode" and {numerator, denominator} <= set(systems):
-                value = interleaved["systems"][numerator]["decode_tok_s"] / interleaved["systems"][denominator]["decode_tok_s"]
-                lines.append(f"\ninterleaved decode {numerator} / {denominator}: {value:.2f}x "
-                             f"(floor {least}x: {'met' if value >= least else 'NOT met'})")
+        for numerator, denominator, least in decode_targets_among(systems):
+            value = interleaved["systems"][numerator]["decode_tok_s"] / interleaved["systems"][denominator]["decode_tok_s"]
+            lines.append(f"\ninterleaved decode {numerator} / {denominator}: {value:.2f}x "
+                         f"(floor {least}x: {floor_verdict(value, least)})")
     alternated = results.get("llama_alternated")
     if alternated:
         systems = [system for system in REPORTED if system in alternated["systems"]]
@@ -1018,14 +1027,12 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Opti
             entry = alternated["systems"][system]
             lines.append(f"| {SYSTEM_LABELS[system]} | {format_rate(entry['decode_tok_s'])} | "
                          f"{format_rate(min(entry['turns_tok_s']))} to {format_rate(max(entry['turns_tok_s']))} |")
-        for numerator, denominator, measure_name, least in TARGETS:
-            if measure_name == "decode" and {numerator, denominator} <= set(systems):
-                ours, theirs = alternated["systems"][numerator], alternated["systems"][denominator]
-                value = ours["decode_tok_s"] / theirs["decode_tok_s"]
-                rounds = [a / b for a, b in zip(ours["turns_tok_s"], theirs["turns_tok_s"])]
-                lines.append(f"\nalternated decode {numerator} / {denominator}: {value:.2f}x (floor {least}x: "
-                             f"{'met' if value >= least else 'NOT met'}; round by round {min(rounds):.2f}x to "
-                             f"{max(rounds):.2f}x)")
+        for numerator, denominator, least in decode_targets_among(systems):
+            ours, theirs = alternated["systems"][numerator], alternated["systems"][denominator]
+            value = ours["decode_tok_s"] / theirs["decode_tok_s"]
+            rounds = [a / b for a, b in zip(ours["turns_tok_s"], theirs["turns_tok_s"])]
+            lines.append(f"\nalternated decode {numerator} / {denominator}: {value:.2f}x (floor {least}x: "
+                         f"{floor_verdict(value, least)}; round by round {min(rounds):.2f}x to {max(rounds):.2f}x)")
     quality = results.get("quality")
     if quality:
         lines += [
