@@ -62,6 +62,17 @@ def reference_call(args: list) -> tuple:
     return output, conv_state, state
 
 
+def state_error(actual, expected, initial) -> float:
+    """relative_error of a final state, read against the larger of its own and its initial state's magnitude.
+    With one key and one value channel a head's state is one number, which can cancel to near zero while its
+    rounding stays that of the values it was summed from: GDN_TEST_SEED=1223257505 ended at -3.8e-5 from 0.075,
+    the chunked form 3e-9 from the reference, a relative error of 8e-5."""
+    if relative_error(actual, expected) == float("inf"):  # a NaN or infinity in the kernel's state
+        return float("inf")
+    scale = max(expected.abs().max().item(), initial.abs().max().item(), 1e-30)
+    return (actual.double() - expected.double()).abs().max().item() / scale
+
+
 @pytest.mark.parametrize("first_position", [0, 9])  # a new sequence (states forgotten), one going on
 @pytest.mark.parametrize("shape, length", [
     *[(shape, length) for length in (1, 3, 16, 40)  # token by token, the chunked form from 16
@@ -80,12 +91,12 @@ def test_kernel_matches_the_reference(shape, length, first_position, generator, 
     assert result.data_ptr() == output.data_ptr()
     for name, actual, expected in (("output", output, expected_output), ("conv_state", conv_state, expected_conv_state),
                                    ("state", state, expected_state)):
-        error = relative_error(actual, expected)
+        error = relative_error(actual, expected) if name != "state" else state_error(actual, expected, args[8])
         assert error <= TOLERANCE, f"seed={seed} {name}: relative error {error}"
     # The functional form updates the states it is given, as the out form does.
     conv_state, state = args[7].clone(), args[8].clone()
     functional = torch.ops.gdn.conv_gated_delta_rule(*args[:7], conv_state, state)
-    assert torch.equal(functional, output) and relative_error(state, expected_state) <= TOLERANCE
+    assert torch.equal(functional, output) and state_error(state, expected_state, args[8]) <= TOLERANCE
 
 
 def test_prefill_then_decode_carries_both_states(generator, seed):
