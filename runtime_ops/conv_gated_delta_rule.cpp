@@ -18,6 +18,9 @@ namespace {
 constexpr int64_t kChannelBlock = 512;
 // Below this many multiply-adds (T * C * W) the conv runs on the calling thread: waking the pool costs more.
 constexpr int64_t kParallelConvWork = int64_t(1) << 18;
+// A decode step's conv is split from this many channels: its weights and state (some 170 KB a Qwen3.5 layer)
+// come from memory, and a lone thread reading them left the pool idle for some 18 us a layer.
+constexpr int64_t kParallelTokenChannels = 2048;
 
 // Scratch that lives across calls on the calling thread: a decode step's layers reuse it instead of allocating.
 struct Scratch {
@@ -40,14 +43,14 @@ void silu_in_place(float* x, int64_t n) {
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
 // One token (a decode step): each channel's window is its conv state and the new input, both read where they lie,
-// so nothing is copied or transposed first. Writes the conv's sums for every channel and shifts the state.
-void convolve_one_token(const ConvGatedDeltaRuleProblem& p, int64_t bi, float* out) {
+// so nothing is copied or transposed first. Writes the conv's sums for channels [first, last) and shifts their state.
+void convolve_one_token(const ConvGatedDeltaRuleProblem& p, int64_t bi, int64_t first, int64_t last, float* out) {
   const int64_t kept = p.taps - 1;
   const float* x = p.qkv + bi * p.qkv_strides[0];
   float* state = p.conv_state + bi * p.conv_state_strides[0];
   const int64_t ws0 = p.conv_weight_strides[0], ws2 = p.conv_weight_strides[2];
   const int64_t cs1 = p.conv_state_strides[1], cs2 = p.conv_state_strides[2];
-  for (int64_t c = 0; c < p.channels; ++c) {
+  for (int64_t c = first; c < last; ++c) {
     const float* w = p.conv_weight + c * ws0;
     float* h = state + c * cs1;
     float sum = 0.0f;
@@ -111,40 +114,54 @@ void convolve(const ConvGatedDeltaRuleProblem& p, Scratch& s, const ParallelFor&
   const bool packed = p.conv_weight_strides[0] == p.taps && p.conv_weight_strides[2] == 1 &&
                       p.conv_state_strides[1] == kept && p.conv_state_strides[2] == 1;
   if (p.length == 1) {
-    for (int64_t bi = 0; bi < p.batch; ++bi) {
-      float* out = s.mixed.data() + bi * channels;
-      if (packed && p.taps == 4) {  // Qwen3.5's conv
-        convolve_one_packed_token<4>(p.conv_weight, p.conv_state + bi * p.conv_state_strides[0],
-                                     p.qkv + bi * p.qkv_strides[0], out, channels, p.starting);
-      } else {
-        convolve_one_token(p, bi, out);
-      }
-    }
-  } else {
-    s.weights.resize(p.taps * channels);
-    s.history.resize(p.batch * kept * channels);
-    for (int64_t c = 0; c < channels; ++c)
-      for (int64_t k = 0; k < p.taps; ++k)
-        s.weights[k * channels + c] = p.conv_weight[c * p.conv_weight_strides[0] + k * p.conv_weight_strides[2]];
-    for (int64_t bi = 0; bi < p.batch; ++bi)
-      for (int64_t j = 0; j < kept; ++j)
-        for (int64_t c = 0; c < channels; ++c)
-          s.history[(bi * kept + j) * channels + c] =
-              p.starting ? 0.0f
-                         : p.conv_state[bi * p.conv_state_strides[0] + c * p.conv_state_strides[1] +
-                                        j * p.conv_state_strides[2]];
-    const int64_t blocks = (channels + kChannelBlock - 1) / kChannelBlock;
+    // Blocks of channels, each convolved and passed through SiLU by one thread.
+    const int64_t block = channels < kParallelTokenChannels ? channels : (channels + 1) / 2;
+    const int64_t blocks = (channels + block - 1) / block;
     auto convolve_blocks = [&](int64_t begin, int64_t end) {
       for (int64_t unit = begin; unit < end; ++unit) {
-        const int64_t first = (unit % blocks) * kChannelBlock;
-        convolve_tokens(p, s, unit / blocks, first, std::min(channels, first + kChannelBlock));
+        const int64_t bi = unit / blocks, first = (unit % blocks) * block, last = std::min(channels, first + block);
+        float* out = s.mixed.data() + bi * channels;
+        if (packed && p.taps == 4) {  // Qwen3.5's conv
+          convolve_one_packed_token<4>(p.conv_weight + first * p.taps,
+                                       p.conv_state + bi * p.conv_state_strides[0] + first * kept,
+                                       p.qkv + bi * p.qkv_strides[0] + first, out + first, last - first, p.starting);
+        } else {
+          convolve_one_token(p, bi, first, last, out);
+        }
+        silu_in_place(out + first, last - first);
       }
     };
-    if (p.batch * p.length * channels * p.taps < kParallelConvWork) {
-      convolve_blocks(0, p.batch * blocks);
+    if (p.batch * blocks == 1) {
+      convolve_blocks(0, 1);
     } else {
       parallel_for(0, p.batch * blocks, convolve_blocks);
     }
+    return;
+  }
+  // Several tokens: blocks of channels over all tokens, then SiLU.
+  s.weights.resize(p.taps * channels);
+  s.history.resize(p.batch * kept * channels);
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t k = 0; k < p.taps; ++k)
+      s.weights[k * channels + c] = p.conv_weight[c * p.conv_weight_strides[0] + k * p.conv_weight_strides[2]];
+  for (int64_t bi = 0; bi < p.batch; ++bi)
+    for (int64_t j = 0; j < kept; ++j)
+      for (int64_t c = 0; c < channels; ++c)
+        s.history[(bi * kept + j) * channels + c] =
+            p.starting ? 0.0f
+                       : p.conv_state[bi * p.conv_state_strides[0] + c * p.conv_state_strides[1] +
+                                      j * p.conv_state_strides[2]];
+  const int64_t blocks = (channels + kChannelBlock - 1) / kChannelBlock;
+  auto convolve_blocks = [&](int64_t begin, int64_t end) {
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t first = (unit % blocks) * kChannelBlock;
+      convolve_tokens(p, s, unit / blocks, first, std::min(channels, first + kChannelBlock));
+    }
+  };
+  if (p.batch * p.length * channels * p.taps < kParallelConvWork) {
+    convolve_blocks(0, p.batch * blocks);
+  } else {
+    parallel_for(0, p.batch * blocks, convolve_blocks);
   }
   silu_in_place(s.mixed.data(), p.batch * p.length * channels);
 }

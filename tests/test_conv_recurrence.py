@@ -33,6 +33,8 @@ class Shape:
 
 # Channels enough that a prompt of 70 tokens takes the kernel's threaded conv (T * C * W >= 2^18), in blocks of 512.
 WIDE = Shape(num_k_heads=4, num_v_heads=8, key_dim=64, value_dim=64)
+# Channels enough (>= 2048) that one token's conv is split between threads, an odd count of them: 2059.
+WIDE_TOKEN = Shape(num_k_heads=1, num_v_heads=3, key_dim=512, value_dim=345)
 
 
 def random_inputs(shape: Shape, length: int, first_position: int, generator, batch: int = 1) -> list:
@@ -80,6 +82,7 @@ def state_error(actual, expected, initial) -> float:
                     Shape(num_k_heads=2, num_v_heads=2, key_dim=8, value_dim=130, taps=3),
                     Shape(num_k_heads=1, num_v_heads=1, key_dim=1, value_dim=1, taps=1))],  # no conv state
     (WIDE, 70),  # the threaded conv
+    (WIDE_TOKEN, 1), (dataclasses.replace(WIDE_TOKEN, taps=3), 1),  # one token's split conv: packed, and not
 ], ids=lambda value: f"T{value}" if isinstance(value, int) else
         f"Hk{value.num_k_heads}-Hv{value.num_v_heads}-Dk{value.key_dim}-Dv{value.value_dim}-W{value.taps}")
 def test_kernel_matches_the_reference(shape, length, first_position, generator, seed):
