@@ -60,7 +60,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from gdn_bench import UsageError, llama_cpp
+from gdn_bench import UsageError, llama_cpp, x86_isa
 
 SYSTEMS = ("ours", "ours_8da4w", "ours_8da8w", "ours_int8wo", "ours_16da8w", "hf", "executorch")
 # llama.cpp's GGUF files (--llama-cpp), reported after ours.
@@ -485,6 +485,7 @@ def use_threads(system: str, threads: int) -> None:
     """Every system computes on ``threads`` threads: transformers on PyTorch's intra-op pool, the programs on
     ExecuTorch's (XNNPACK's and our kernels'). A program's process keeps PyTorch, which only picks the next
     token there, to one thread, as gdn-run does (``gdn_export.runner.leave_the_cores_to_programs``)."""
+    x86_isa.apply_requested()  # before ExecuTorch's libraries load: XNNPACK reads the CPU's features once
     from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
 
     from gdn_export.runner import leave_the_cores_to_programs
@@ -538,6 +539,7 @@ def measure_kl(checkpoint: str, programs: dict, threads: int) -> dict:
     The reference is our eager fp32 model over the whole text in one call; each
     program is fed the same text one token a call (it returns the last position's logits).
     """
+    x86_isa.apply_requested()
     from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
 
     from gdn_export import load_qwen35, rewrite
@@ -1224,6 +1226,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "llama-bench, llama-quantize and llama-perplexity (gdn_bench/README.md says how)")
     parser.add_argument("--llama-repetitions", type=int, default=3,
                         help="--llama-cpp: llama-bench repetitions of each test; medians (default %(default)s)")
+    parser.add_argument("--hide-avx512", action="store_true",
+                        help="time our programs as an AVX2-only x86 machine runs them: XNNPACK told the CPU has no "
+                             "AVX-512, our kernels from $GDN_RUNTIME_OPS_LIB built with --march x86-64-v3, PyTorch at "
+                             "ATEN_CPU_CAPABILITY=avx2; --llama-cpp must then be a build without AVX-512 "
+                             "(gdn_bench/README.md). Results go to their own file in --workdir")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG bar plot here (needs matplotlib)")
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables here as markdown")
     parser.add_argument("--prompt-cache", action="store_true",
@@ -1247,6 +1254,25 @@ def apply_defaults(args, defaults: dict) -> None:
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+
+
+def hide_avx512_in_children(llama: Optional[llama_cpp.LlamaCpp]) -> None:
+    """--hide-avx512: check that every part can run as on an AVX2-only CPU (UsageError naming what cannot), then
+    ask the processes this run spawns to hide AVX-512 (``gdn_bench.x86_isa``)."""
+    from runtime_ops.loader import library_path
+
+    try:
+        x86_isa.check_runtime_ops_library(library_path())
+        if llama is not None and llama_cpp.builds_avx512(llama) is not False:
+            raise x86_isa.IsaError(
+                f"--hide-avx512: the llama.cpp build in {llama.root / 'build'} may use AVX-512 (its CMakeCache.txt "
+                "does not say GGML_NATIVE=OFF and GGML_AVX512=OFF); build one without (gdn_bench/README.md)")
+        # The table's layout, checked here before anything is timed or written; only the children hide.
+        x86_isa.check_layout(x86_isa.cpuinfo_table(), x86_isa.cpu_flags())
+    except x86_isa.IsaError as error:
+        raise UsageError(str(error)) from None
+    os.environ[x86_isa.ENV_VAR] = "1"
+    os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
 
 
 def run(args) -> int:
@@ -1273,7 +1299,11 @@ def run(args) -> int:
                         ("--cache-rounds", args.cache_rounds)):
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.hide_avx512:
+        hide_avx512_in_children(args.llama_cpp)
     workdir = Workdir(args.workdir)
+    if args.hide_avx512:  # never reported beside the same systems timed with AVX-512
+        workdir.results_path = workdir.root / "results_avx512_hidden.json"
     workdir.ensure_checkpoint(args.seed)
     if args.prompt_cache:
         return run_prompt_cache(args, workdir)
@@ -1361,6 +1391,7 @@ def run(args) -> int:
             systems[extra] = results[extra]
     sizes = {system: path.stat().st_size for system, path in {**workdir.ours, **workdir.gguf}.items() if path.is_file()}
     table = report(systems, workdir.builds(), floor, args.prompts, sizes, decode_read_bytes(workdir, args.llama_cpp))
+    table = f"Machine: {x86_isa.machine_line(args.hide_avx512)}.\n\n{table}"
     print(table)
     if args.markdown is not None:
         write_atomically(args.markdown, (table + "\n").encode())

@@ -60,6 +60,23 @@ class LlamaCpp:
         return self.root / "build" / "bin" / name
 
 
+FALSE_WORDS = ("OFF", "0", "FALSE", "NO", "N")  # CMake's false constants (less -NOTFOUND and IGNORE)
+
+
+def builds_avx512(llama: LlamaCpp) -> Optional[bool]:
+    """Whether the build in ``build/`` may use AVX-512, from its CMakeCache.txt: False only for
+    GGML_NATIVE=OFF with GGML_AVX512=OFF (a native build takes what the building machine has); None when
+    there is no cache to read."""
+    try:
+        text = (llama.root / "build" / "CMakeCache.txt").read_text()
+    except OSError:
+        return None
+    options = dict(re.findall(r"^(GGML_NATIVE|GGML_AVX512):BOOL=(\w+)$", text, flags=re.MULTILINE))
+    if len(options) < 2:
+        return None
+    return not (options["GGML_NATIVE"].upper() in FALSE_WORDS and options["GGML_AVX512"].upper() in FALSE_WORDS)
+
+
 def llama_cpp_dir(text: str) -> LlamaCpp:
     """``--llama-cpp``'s argparse type: the folder, checked before any work is done."""
     expected = (f"expected a llama.cpp source folder holding {CONVERTER}, gguf-py/ and build/bin/ with "

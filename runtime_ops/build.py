@@ -61,14 +61,18 @@ def package_cmake_dirs() -> list[str]:
     return [torch.utils.cmake_prefix_path, str(executorch_root / "share" / "cmake")]
 
 
-def build(build_dir: Path, native: bool = True, jobs: int | None = None, install: bool = True) -> Path:
-    """The folder holding the built libraries: the loader's (``install``), else ``build_dir`` itself."""
+def build(build_dir: Path, native: bool = True, jobs: int | None = None, install: bool = True,
+          march: str | None = None) -> Path:
+    """The folder holding the built libraries: the loader's (``install``), else ``build_dir`` itself.
+
+    ``march`` compiles for that ``-march`` (x86-64-v3: an AVX2-only x86 CPU) instead of the host's."""
     cmake = find_cmake()
     configure = [
         cmake, "-S", str(SOURCE_DIR), "-B", str(build_dir),
         "-DCMAKE_BUILD_TYPE=Release",
         f"-DCMAKE_PREFIX_PATH={';'.join(package_cmake_dirs())}",
         f"-DGDN_NATIVE_ARCH={'ON' if native else 'OFF'}",
+        f"-DGDN_MARCH={march or ''}",  # always given: a build folder's cache keeps the last one otherwise
     ]
     subprocess.run(configure, check=True)
     subprocess.run([cmake, "--build", str(build_dir), "-j", str(jobs or os.cpu_count() or 1)], check=True)
@@ -85,10 +89,23 @@ def build(build_dir: Path, native: bool = True, jobs: int | None = None, install
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime_ops.build", description=__doc__.splitlines()[0])
     parser.add_argument("--build-dir", type=Path, default=BUILD_DIR)
-    parser.add_argument("--portable", action="store_true", help="compile without -march=native")
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument("--portable", action="store_true", help="compile without -march=native")
+    target.add_argument("--march", default=None, metavar="ARCH",
+                        help="compile for this -march instead of the host's (x86-64-v3: an AVX2-only x86 CPU, as "
+                             "gdn-bench e2e --hide-avx512 times it)")
+    parser.add_argument("--no-install", action="store_true",
+                        help="leave the libraries in --build-dir instead of where the loader looks "
+                             "(then point $GDN_RUNTIME_OPS_LIB at them)")
     parser.add_argument("-j", "--jobs", type=int, default=None)
     args = parser.parse_args(argv)
-    print(f"runtime_ops: built {build(args.build_dir, native=not args.portable, jobs=args.jobs)}")
+    if args.march is not None and not args.march.strip():
+        parser.error("--march must name a target, e.g. x86-64-v3")
+    if args.no_install and args.build_dir == BUILD_DIR:
+        parser.error(f"--no-install needs --build-dir: {BUILD_DIR} is the installed build's own folder")
+    built = build(args.build_dir, native=not args.portable, jobs=args.jobs, install=not args.no_install,
+                  march=args.march)
+    print(f"runtime_ops: built {built}")
     return 0
 
 

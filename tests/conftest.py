@@ -92,6 +92,20 @@ def moe_checkpoint(tmp_path_factory, module_seed):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("moe"), moe=True, wrapper=True, seed=module_seed)
 
 
+@pytest.fixture(scope="session")
+def x86_64_v3_library(tmp_path_factory):
+    """``python -m runtime_ops.build --march x86-64-v3``'s ExecuTorch library (an AVX2-only x86 CPU's loops),
+    built once; skipped where this machine cannot run x86-64-v3 code."""
+    import platform
+
+    from gdn_bench.x86_isa import cpu_flags
+    from runtime_ops.build import LIBRARY_NAME, build
+
+    if platform.machine() != "x86_64" or not {"avx2", "fma", "bmi2"} <= cpu_flags():
+        pytest.skip("x86-64-v3 code runs only on an x86-64 CPU with AVX2, FMA and BMI2")
+    return build(tmp_path_factory.mktemp("x86-64-v3"), native=False, install=False, march="x86-64-v3") / LIBRARY_NAME
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield

@@ -258,22 +258,64 @@ def test_int8_embedding_delegate_reads_the_rows_and_refuses_ids_outside_the_tabl
         path.unlink(missing_ok=True)
 
 
-def test_portable_build_compiles_and_its_kernels_match_the_reference(tmp_path, seed):
-    """``python -m runtime_ops.build --portable`` (no -march=native: the kernels' plain C++ paths, for machines
-    other than the one that builds) compiles, and the kernels it makes pass the C++ kernels' own tests against
-    the PyTorch reference, in a child process that loads them instead of the installed ones."""
-    from runtime_ops.build import LIBRARY_NAME, build
+# The C++ kernels' own tests against the PyTorch reference, run on a library built for another target.
+KERNEL_TESTS = ["tests/test_vocabulary_planes.py", "tests/test_cached_attention.py", "tests/test_grouped_int8_linear.py",
+                "tests/test_conv_recurrence.py", "tests/test_runtime_ops.py::test_head_dims_off_the_vector_width",
+                "tests/test_runtime_ops.py::test_out_in_place_matches_functional"]
+# The macros the kernels' #if tests, as the names the library reports them by (runtime_ops/vector_extensions.cpp).
+EXTENSION_MACROS = {"__AVX__": "avx", "__AVX2__": "avx2", "__AVXVNNI__": "avx_vnni", "__AVX512F__": "avx512f",
+                    "__AVX512BW__": "avx512bw", "__AVX512VL__": "avx512vl", "__AVX512VNNI__": "avx512_vnni"}
 
-    built = build(tmp_path / "portable", native=False, install=False)
-    disassembly = subprocess.run(["objdump", "-d", str(built / LIBRARY_NAME)], capture_output=True, text=True)
-    if disassembly.returncode == 0:  # the portable library uses no register wider than SSE's
-        assert "%ymm" not in disassembly.stdout and "%zmm" not in disassembly.stdout
-    env = dict(os.environ, GDN_RUNTIME_OPS_LIB=str(built / LIBRARY_NAME), GDN_TEST_SEED=str(seed))
-    tests = ["tests/test_vocabulary_planes.py", "tests/test_cached_attention.py", "tests/test_grouped_int8_linear.py",
-             "tests/test_conv_recurrence.py", "tests/test_runtime_ops.py::test_head_dims_off_the_vector_width",
-             "tests/test_runtime_ops.py::test_out_in_place_matches_functional"]
-    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+
+def compiler_extensions(build_dir, target_flags: list) -> set:
+    """The extensions the build's own C++ compiler targets with these flags: its predefined macros."""
+    cache = (build_dir / "CMakeCache.txt").read_text()
+    compiler = next(line.split("=", 1)[1] for line in cache.splitlines() if line.startswith("CMAKE_CXX_COMPILER:"))
+    macros = subprocess.run([compiler, *target_flags, "-dM", "-E", "-x", "c++", os.devnull], capture_output=True,
+                            text=True, check=True).stdout
+    defined = {line.split()[1] for line in macros.splitlines() if line.startswith("#define ")}
+    return {name for macro, name in EXTENSION_MACROS.items() if macro in defined}
+
+
+def run_kernel_tests_on(library, seed) -> None:
+    """KERNEL_TESTS in a child process that loads ``library`` instead of the installed one; all must pass."""
+    env = dict(os.environ, GDN_RUNTIME_OPS_LIB=str(library), GDN_TEST_SEED=str(seed))
+    child = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *KERNEL_TESTS],
                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), env=env,
                            capture_output=True, text=True, timeout=1200)
     assert child.returncode == 0, f"seed {seed}:\n{child.stdout[-3000:]}"
     assert " passed" in child.stdout and "skipped" not in child.stdout, child.stdout[-1000:]
+
+
+def test_installed_library_reports_the_extensions_its_compiler_targets():
+    """The installed library (-march=native) says which vector extensions its loops use, as its compiler's own
+    predefined macros for the host say (gdn-bench e2e --hide-avx512 refuses a library by this report)."""
+    from gdn_bench.x86_isa import runtime_ops_extensions
+    from runtime_ops.build import BUILD_DIR
+    from runtime_ops.loader import library_path
+
+    if os.environ.get("GDN_RUNTIME_OPS_LIB"):
+        pytest.skip("GDN_RUNTIME_OPS_LIB names another build: the parametrized test below checks those")
+    assert set(runtime_ops_extensions(library_path())) == compiler_extensions(BUILD_DIR, ["-march=native"])
+
+
+@pytest.mark.parametrize("target", ["portable", "x86-64-v3"])
+def test_other_targets_build_and_their_kernels_match_the_reference(target, request, tmp_path, seed):
+    """``python -m runtime_ops.build --portable`` (no -march: the kernels' plain C++ paths) and ``--march
+    x86-64-v3`` (an AVX2-only x86 CPU: the 256-bit loops, which a machine with AVX-512 never runs otherwise)
+    compile; each reports the extensions its compiler targets and uses no wider register; and the kernels they
+    make pass the C++ kernels' own tests against the PyTorch reference, in a child process."""
+    from gdn_bench.x86_isa import runtime_ops_extensions
+    from runtime_ops.build import LIBRARY_NAME, build
+
+    if target == "portable":
+        built = build(tmp_path / "portable", native=False, install=False) / LIBRARY_NAME
+        flags, wider = [], ("%ymm", "%zmm")
+    else:
+        built = request.getfixturevalue("x86_64_v3_library")
+        flags, wider = ["-march=x86-64-v3"], ("%zmm",)
+    assert set(runtime_ops_extensions(built)) == compiler_extensions(built.parent, flags)
+    disassembly = subprocess.run(["objdump", "-d", str(built)], capture_output=True, text=True)
+    if disassembly.returncode == 0:
+        assert not [register for register in wider if register in disassembly.stdout]
+    run_kernel_tests_on(built, seed)
