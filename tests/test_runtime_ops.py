@@ -319,3 +319,16 @@ def test_other_targets_build_and_their_kernels_match_the_reference(target, reque
     if disassembly.returncode == 0:
         assert not [register for register in wider if register in disassembly.stdout]
     run_kernel_tests_on(built, seed)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--march", " "], "--march must name a target"),
+    (["--no-install"], "--no-install needs --build-dir"),
+    (["--portable", "--march", "x86-64-v3"], "not allowed with argument"),
+])
+def test_build_command_refuses_bad_flags_before_building(flags, message, capsys):
+    from runtime_ops.build import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(flags)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
