@@ -63,28 +63,26 @@ class IsaError(RuntimeError):
     """AVX-512 cannot be hidden here, or not faithfully; the message says why."""
 
 
-def cpu_flags() -> set:
-    """The kernel's flags of the first processor in /proc/cpuinfo (empty where there is no such file)."""
+def _first_processor(key: str):
+    """The value of ``key`` for the first processor in /proc/cpuinfo (None where there is no such file or key)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
+        return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+        if line.startswith(key):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def cpu_flags() -> set:
+    """The kernel's flags of the first processor in /proc/cpuinfo (empty where there is no such file)."""
+    return set((_first_processor("flags") or "").split())
 
 
 def cpu_name() -> str:
     """The processor's model name, as /proc/cpuinfo gives it."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown CPU"
-    for line in text.splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
+    return _first_processor("model name") or platform.processor() or "unknown CPU"
 
 
 def _threadpool_library() -> Path:
