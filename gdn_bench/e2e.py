@@ -11,8 +11,8 @@ every system on the same weights in the same run:
 
 * ``checkpoint``: a Hugging Face folder of the published Qwen3.5-0.8B text shape
   with seeded random weights (``Qwen3_5ForCausalLM``, fp32, tied embeddings);
-* ``ours`` / ``ours_8da4w`` / ``ours_8da8w`` / ``ours_int8wo`` / ``ours_16da8w``: our ``.pte``
-  (XNNPACK, fp32, 8da4w, 8da8w, int8wo and 16da8w), run with ``ProgramRunner``;
+* ``ours`` / ``ours_8da4w`` / ``ours_8da4w_avx2`` / ``ours_8da8w`` / ``ours_int8wo`` / ``ours_16da8w``: our
+  ``.pte`` (XNNPACK, fp32, 8da4w, 8da4w_avx2, 8da8w, int8wo and 16da8w), run with ``ProgramRunner``;
 * ``hf``: transformers eager on the checkpoint (its pure-PyTorch GDN path);
 * ``executorch``: ExecuTorch's own Qwen3.5 flow (``convert_weights`` then
   ``export_llm`` with its ``qwen3_5_xnnpack_fp32.yaml``), static shapes, so
@@ -62,24 +62,27 @@ import torch
 
 from gdn_bench import UsageError, llama_cpp, x86_isa
 
-SYSTEMS = ("ours", "ours_8da4w", "ours_8da8w", "ours_int8wo", "ours_16da8w", "hf", "executorch")
+SYSTEMS = ("ours", "ours_8da4w", "ours_8da4w_avx2", "ours_8da8w", "ours_int8wo", "ours_16da8w", "hf", "executorch")
 # llama.cpp's GGUF files (--llama-cpp), reported after ours.
 LLAMA_SYSTEMS = tuple(llama_cpp.GGUF_TYPES)
 REPORTED = SYSTEMS + LLAMA_SYSTEMS
 # Systems that read fp32 weights, whose decode is set against the fp32 memory floor.
 FP32_SYSTEMS = ("ours", "hf", "executorch", "llama_f32")
 # Our programs and the --quantize each is exported with.
-OURS = {"ours": "none", "ours_8da4w": "8da4w", "ours_8da8w": "8da8w", "ours_int8wo": "int8wo", "ours_16da8w": "16da8w"}
+OURS = {"ours": "none", "ours_8da4w": "8da4w", "ours_8da4w_avx2": "8da4w_avx2", "ours_8da8w": "8da8w",
+        "ours_int8wo": "int8wo", "ours_16da8w": "16da8w"}
 KL_TOKENS = 512
 # The positions llama-perplexity scores in a context of KL_TOKENS: from the middle (its first = n_ctx / 2)
 # to the one before the last (whose next token is in the context). Position p's distribution predicts token p + 1.
 LLAMA_KL_POSITIONS = range(KL_TOKENS // 2, KL_TOKENS - 1)
 # Our quantized programs and the llama.cpp file of the same bit width.
-KL_PAIRS = (("4-bit", "ours_8da4w", "llama_q4_0"), ("8-bit", "ours_8da8w", "llama_q8_0"),
+KL_PAIRS = (("4-bit", "ours_8da4w", "llama_q4_0"), ("4-bit", "ours_8da4w_avx2", "llama_q4_0"),
+            ("8-bit", "ours_8da8w", "llama_q8_0"),
             ("8-bit", "ours_int8wo", "llama_q8_0"), ("8-bit", "ours_16da8w", "llama_q8_0"))
 SYSTEM_LABELS = {
     "ours": "gdn-export .pte (XNNPACK fp32)",
     "ours_8da4w": "gdn-export .pte (XNNPACK 8da4w)",
+    "ours_8da4w_avx2": "gdn-export .pte (8da4w_avx2: our 4-bit linears)",
     "ours_8da8w": "gdn-export .pte (XNNPACK 8da8w)",
     "ours_int8wo": "gdn-export .pte (XNNPACK int8wo)",
     "ours_16da8w": "gdn-export .pte (16da8w: our grouped int8 linears, XNNPACK head)",
@@ -138,6 +141,9 @@ TARGETS = (
     ("ours_8da4w", "llama_q4_0", "decode", 1.5),
     ("ours_8da4w", "llama_q4_0", "prefill 512", 1.5),
     ("ours_8da4w", "llama_q4_0", "prefill 2048", 1.5),
+    ("ours_8da4w_avx2", "llama_q4_0", "decode", 1.5),
+    ("ours_8da4w_avx2", "llama_q4_0", "prefill 512", 1.5),
+    ("ours_8da4w_avx2", "llama_q4_0", "prefill 2048", 1.5),
     ("ours_8da8w", "llama_q8_0", "decode", 1.5),
     ("ours_8da8w", "llama_q8_0", "prefill 512", 1.5),
     ("ours_8da8w", "llama_q8_0", "prefill 2048", 1.5),
@@ -149,8 +155,8 @@ TARGETS = (
     ("ours_16da8w", "llama_q8_0", "prefill 2048", 1.5),
 )
 # issue 20: a program at most this multiple of the GGUF file of the same bit width.
-SIZE_FLOOR = (("ours_8da4w", "llama_q4_0", 1.1), ("ours_8da8w", "llama_q8_0", 1.1), ("ours_int8wo", "llama_q8_0", 1.1),
-              ("ours_16da8w", "llama_q8_0", 1.1))
+SIZE_FLOOR = (("ours_8da4w", "llama_q4_0", 1.1), ("ours_8da4w_avx2", "llama_q4_0", 1.1), ("ours_8da8w", "llama_q8_0", 1.1),
+              ("ours_int8wo", "llama_q8_0", 1.1), ("ours_16da8w", "llama_q8_0", 1.1))
 # The issue's floor for --prompt-cache: cached time to first token at most this share of uncached.
 PROMPT_CACHE_FLOOR = 0.1
 

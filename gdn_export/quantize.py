@@ -9,6 +9,16 @@
   DeltaNet's gate projections keep 8 bits, as in ``8da8w`` (see below); the
   token table is a two-plane table (``PlanesVocabulary``, below), which a tied
   output head reads as 4-bit weights.
+* ``8da4w_avx2``: the same 4-bit values, table and head for x86 CPUs with AVX2
+  and no AVX-512 VNNI, the linears on our own kernel
+  (``gdn::grouped_int4_linear``, ``GroupedInt4Linear``; int8 activations with
+  one scale a row, no zero point) and the gate projections on
+  ``16da8w``'s. There XNNPACK's 4-bit kernels widen both sides to 16 bits, and
+  the 0.8B prefill ran at 1.1x llama.cpp's; ours multiplies bytes
+  (``vpmaddubsw``). Where XNNPACK has byte dot products (AVX-512 VNNI, ARM's
+  dot-product extensions) ``8da4w`` is the faster program: our kernel has
+  x86 loops only, and plain C++ elsewhere (docs/benchmarks.md, run 33). A
+  linear whose outputs the kernel's tiles do not fit stays on XNNPACK.
 * ``8da8w``: the same with int8 weights, one scale per output channel: the
   8-bit program, on XNNPACK's int8 kernels.
 * ``int8wo``: int8 weights with one scale per output channel, activations in
@@ -66,6 +76,7 @@ layer as soon as its weights are read (``gdn_export.loading``, through a
 
 from __future__ import annotations
 
+import importlib
 import weakref
 from typing import Optional
 
@@ -73,7 +84,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MODES = ("none", "8da4w", "8da8w", "int8wo", "16da8w")
+MODES = ("none", "8da4w", "8da4w_avx2", "8da8w", "int8wo", "16da8w")
+# The 4-bit modes: the same table, head and 4-bit groups; 8da4w_avx2's linears on our own kernel.
+FOUR_BIT_MODES = ("8da4w", "8da4w_avx2")
 # Group sizes of 4-bit weights, the preferred first: 32 is llama.cpp's Q4_0 block (ExecuTorch's llama
 # export defaults to 128, which measured 0.258 against 0.226 mean KL with everything else equal).
 GROUP_SIZES_4BIT = (32, 64, 128)
@@ -145,7 +158,7 @@ class Quantizer:
         self._planes = None  # (a weak reference to the float table, its PlanesVocabulary)
 
     def __call__(self, name: str, module: nn.Module) -> nn.Module:
-        if (self.mode == "8da4w" and isinstance(module, nn.Linear) and name.rpartition(".")[2] == "lm_head"
+        if (self.mode in FOUR_BIT_MODES and isinstance(module, nn.Linear) and name.rpartition(".")[2] == "lm_head"
                 and self._planes is not None and self._planes[0]() is module.weight):
             return PlanesHead(self._planes[1])
         table = getattr(module, "weight", None)
@@ -155,28 +168,26 @@ class Quantizer:
         return replacement
 
 
-class GroupedInt8Linear(nn.Module):
-    """A ``16da8w`` linear: int8 weights with a scale per group of 32, on ``gdn::grouped_int8_linear``."""
+class GroupedLinear(nn.Module):
+    """A linear on one of our grouped-weight ops (``FORMAT``, a module of ``gdn_export.ops`` and the op it
+    defines): the weight's codes and scales in the op's tiles, one group size."""
 
-    def __init__(self, linear: nn.Linear):
-        super().__init__()
-        from gdn_export.ops.grouped_int8_linear import to_grouped_int8
+    FORMAT = ""
 
-        weight, scales = to_grouped_int8(linear.weight.detach())
-        self._hold(weight, scales, linear.bias)
+    @classmethod
+    def _format(cls):
+        return importlib.import_module(f"gdn_export.ops.{cls.FORMAT}")
 
     def _hold(self, weight: torch.Tensor, scales: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
-        from gdn_export.ops.grouped_int8_linear import check_weight
-
-        self.out_features, self.in_features, self.group = check_weight(weight, scales)
+        self.out_features, self.in_features, self.group = self._format().check_weight(weight, scales)
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
         self.bias = bias
 
     @classmethod
-    def stacked(cls, linears: list, bias: Optional[torch.Tensor]) -> "GroupedInt8Linear":
-        """One layer whose output is the outputs of ``linears`` (one input size and group) side by side, plus
-        ``bias``: their tiles of 16 outputs in order, each output's codes and scales as they were."""
+    def stacked(cls, linears: list, bias: Optional[torch.Tensor]) -> "GroupedLinear":
+        """One layer whose output is the outputs of ``linears`` (this class, one input size and group) side by
+        side, plus ``bias``: their tiles of 16 outputs in order, each output's codes and scales as they were."""
         stacked = cls.__new__(cls)
         nn.Module.__init__(stacked)
         stacked._hold(torch.cat([linear.weight for linear in linears]),
@@ -184,8 +195,32 @@ class GroupedInt8Linear(nn.Module):
         return stacked
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        output = torch.ops.gdn.grouped_int8_linear(x.float(), self.weight, self.scales).to(x.dtype)
+        output = getattr(torch.ops.gdn, self.FORMAT)(x.float(), self.weight, self.scales).to(x.dtype)
         return output if self.bias is None else output + self.bias
+
+
+class GroupedInt8Linear(GroupedLinear):
+    """A ``16da8w`` linear: int8 weights with a scale per group of 32, on ``gdn::grouped_int8_linear``."""
+
+    FORMAT = "grouped_int8_linear"
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        weight, scales = self._format().to_grouped_int8(linear.weight.detach())
+        self._hold(weight, scales, linear.bias)
+
+
+class GroupedInt4Linear(GroupedLinear):
+    """An ``8da4w_avx2`` linear: 4-bit weights with a scale per group (``fit_int4_scales``'), on
+    ``gdn::grouped_int4_linear``."""
+
+    FORMAT = "grouped_int4_linear"
+
+    def __init__(self, linear: nn.Linear, group: int):
+        super().__init__()
+        scales = fit_int4_scales(linear.weight, group)
+        weight, scales = self._format().to_grouped_int4(linear.weight.detach(), scales)
+        self._hold(weight, scales, linear.bias)
 
 
 class Int8WeightOnlyLinear(nn.Module):
@@ -235,8 +270,9 @@ def _granularity(features: int):
 
 def module_mode(name: str, mode: str) -> str:
     """The mode the module called ``name`` in the model is quantized with when the program's is ``mode``."""
-    if mode == "8da4w" and name.rpartition(".")[2] in EIGHT_BIT_MODULES:
-        return "8da8w"
+    if mode in FOUR_BIT_MODES and name.rpartition(".")[2] in EIGHT_BIT_MODULES:
+        # The gate projections of 8da4w_avx2 on our int8 kernel too, beside its 4-bit ones.
+        return "16da8w" if mode == "8da4w_avx2" and name.rpartition(".")[2] not in VOCABULARY_MODULES else "8da8w"
     if mode == "16da8w" and name.rpartition(".")[2] in VOCABULARY_MODULES:
         return "int8wo"
     return mode
@@ -276,7 +312,7 @@ def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:
     """
     if mode not in MODES:
         raise ValueError(f"quantize mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "8da4w" and isinstance(module, nn.Embedding) and _planes_fit(module.weight):
+    if mode in FOUR_BIT_MODES and isinstance(module, nn.Embedding) and _planes_fit(module.weight):
         return PlanesEmbedding(PlanesVocabulary(module.weight))
     mode = module_mode(name, mode)
     if mode == "none" or not isinstance(module, (nn.Linear, nn.Embedding)):
@@ -289,10 +325,15 @@ def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:
         mode = "int8wo"  # a shape the tiles do not fit
     from torchao.quantization import IntxUnpackedToInt8Tensor
 
-    if mode == "8da4w" and isinstance(module, nn.Linear):
+    if mode in FOUR_BIT_MODES and isinstance(module, nn.Linear):
         granularity = _granularity(module.in_features)
         if granularity is None:
             return module
+        from gdn_export.ops.grouped_int4_linear import fits
+
+        if mode == "8da4w_avx2" and fits(module.out_features, module.in_features, granularity.group_size):
+            return GroupedInt4Linear(module, granularity.group_size)
+        # 8da4w, or a shape the tiles do not fit (outputs not a multiple of 16): XNNPACK's 4-bit kernels.
         # The tensor Int8DynamicActivationIntxWeightConfig makes, with our scales (its config takes none).
         with torch.no_grad():
             scale = fit_int4_scales(module.weight, granularity.group_size).to(module.weight.dtype)
@@ -349,7 +390,7 @@ def lookup_only_bytes(mode: str, vocab_size: int, hidden_size: int, tied: bool) 
         return 4 * weights
     if not tied:
         return weights
-    return weights // 2 if mode == "8da4w" else 0
+    return weights // 2 if mode in FOUR_BIT_MODES else 0
 
 
 def share_tied_vocabulary(model: nn.Module) -> bool:

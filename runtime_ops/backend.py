@@ -4,10 +4,11 @@ Both give each float32 Gated DeltaNet layer ``gdn::conv_gated_delta_rule`` (its
 conv, gates and recurrence; others ``gdn::gated_delta_rule_inplace``) and each
 float32 full-attention layer ``gdn::cached_attention``, whose kernels this
 package builds and ``import gdn_export`` loads (the ``gdn_export.kernels``
-entry point). XNNPACK also takes the linear layers (float, 8da4w, 8da8w and int8wo)
-into its delegate, but 16da8w's, which run on our ``gdn::grouped_int8_linear``
-kernel (XNNPACK has none for int8 weights in groups); portable leaves every op
-to ExecuTorch's portable kernels.
+entry point). XNNPACK also takes the linear layers (float, 8da4w, 8da8w and
+int8wo) into its delegate, but 16da8w's and 8da4w_avx2's, which run on our
+``gdn::grouped_int8_linear`` (XNNPACK has no kernel for int8 weights in groups)
+and ``gdn::grouped_int4_linear`` (its 4-bit kernels widen to 16 bits on x86
+without VNNI); portable leaves every op to ExecuTorch's portable kernels.
 Quantized embeddings run on ExecuTorch's ``quantized_decomposed`` kernels in both.
 """
 
@@ -67,7 +68,7 @@ class CpuBackend(Backend):
 class XnnpackBackend(CpuBackend):
     name = "xnnpack"
     summary = "CPU: XNNPACK runs the linear layers (float, 8da4w, 8da8w, int8), our C++ kernels the rest"
-    quantizations = ("none", "8da4w", "8da8w", "int8wo", "16da8w")
+    quantizations = ("none", "8da4w", "8da4w_avx2", "8da8w", "int8wo", "16da8w")
     # runtime_ops/embedding_delegate.py: its runtime is in our kernel library.
     delegate_ids = ("GdnEmbeddingBackend",)
 
@@ -81,20 +82,22 @@ class XnnpackBackend(CpuBackend):
             raise RuntimeUnavailable(str(error)) from None
 
     def merged_linears(self, layer: nn.Module) -> list[tuple[str, ...]]:
-        """A layer's projections of its input as one product where they are all ``16da8w``'s grouped int8 linears
-        of one group, which run outside XNNPACK: each call rounds its input to int16 and passes the threadpool
-        once, so 96 calls a 0.8B step instead of 186 (about 4% of a decode step, docs/benchmarks.md). XNNPACK's
-        own linears stay apart: the merged output's split, at a dynamic T, would end their partitions."""
+        """A layer's projections of its input as one product per kind of our grouped linears (``16da8w``'s int8,
+        ``8da4w_avx2``'s 4-bit and 8-bit gates) and group, which run outside XNNPACK: each call rounds its input and
+        passes the threadpool once, so a 0.8B 16da8w step makes 96 calls instead of 186 (about 4% of a decode
+        step, docs/benchmarks.md). XNNPACK's own linears stay apart: the merged output's split, at a dynamic T,
+        would end their partitions."""
         from gdn_export.models.qwen35 import MLP, GatedAttention, GatedDeltaNet
-        from gdn_export.quantize import GroupedInt8Linear
+        from gdn_export.quantize import GroupedLinear
 
         if type(layer) not in (GatedDeltaNet, GatedAttention, MLP):
             return []
-        projections = [getattr(layer, name) for name in layer.INPUT_PROJECTIONS]
-        if all(isinstance(linear, GroupedInt8Linear) for linear in projections) and \
-                len({linear.group for linear in projections}) == 1:  # one input x: one input size
-            return [layer.INPUT_PROJECTIONS]
-        return []
+        kinds: dict = {}  # (class, group) -> names, in the layer's order
+        for name in layer.INPUT_PROJECTIONS:
+            linear = getattr(layer, name)
+            if isinstance(linear, GroupedLinear):
+                kinds.setdefault((type(linear), linear.group), []).append(name)
+        return [tuple(names) for names in kinds.values() if len(names) > 1]
 
     def finish_rewrite(self, model: nn.Module) -> None:
         """The norms' means in the form XNNPACK delegates (``runtime_ops.norms``): fewer, larger partitions; int8wo's

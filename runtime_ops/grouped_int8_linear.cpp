@@ -2,6 +2,7 @@
 // 32-byte run of codes is widened to 16-bit and multiplied-and-added with the pair of the row's int16 values,
 // broadcast. Up to kRows rows of x share each run of codes, so a prompt reads each tile once per kRows rows.
 #include "grouped_int8_linear.h"
+#include "vector_math.h"  // bfloat16_value, max_magnitude
 
 #include <algorithm>
 #include <cmath>
@@ -25,18 +26,9 @@ constexpr int64_t kRows = 4;
 #endif
 constexpr int64_t kRowBlock = 64;    // rows of x kept hot while a thread's tiles pass over them
 
-inline float bfloat16_value(uint16_t bits) {
-  const uint32_t widened = uint32_t(bits) << 16;
-  float value;
-  std::memcpy(&value, &widened, sizeof(value));
-  return value;
-}
-
 // One row of x in int16 with one max-abs scale (the contract's rounding: to nearest, ties to even).
 float quantize_row(const float* x, int64_t k, int16_t* out) {
-  float largest = 0.0f;
-  for (int64_t i = 0; i < k; ++i) largest = std::max(largest, std::fabs(x[i]));
-  const float scale = largest / 32767.0f;
+  const float scale = max_magnitude(x, k) / 32767.0f;
   const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
   int64_t i = 0;
 #if defined(__AVX512F__)

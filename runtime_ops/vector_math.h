@@ -2,8 +2,17 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 namespace gdn {
+
+// The float a bfloat16's bits stand for (its 16 high bits).
+inline float bfloat16_value(uint16_t bits) {
+  const uint32_t widened = uint32_t(bits) << 16;
+  float value;
+  std::memcpy(&value, &widened, sizeof(value));
+  return value;
+}
 
 // GCC/Clang vector extensions: one AVX-512 register where available, lowered
 // to narrower registers elsewhere.
@@ -21,6 +30,22 @@ inline void store(float* p, Vec v) { *reinterpret_cast<UnalignedVec*>(p) = v; }
 // x - 0 is x for every float (x + 0 is not: -0 + 0 = +0), so the compiler
 // broadcasts straight from memory.
 inline Vec broadcast(float x) { return x - Vec{}; }
+
+// The largest |x[i]| of n values (0 for none): a row's scale when the kernels round it to integers. Lanes of
+// vectors, then the lanes: the plain loop is a chain of dependent maxima, one value at a time.
+inline float max_magnitude(const float* x, int64_t n) {
+  Vec lanes = Vec{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const Vec v = load(x + i);
+    const Vec magnitude = v < 0 ? -v : v;
+    lanes = magnitude > lanes ? magnitude : lanes;
+  }
+  float largest = 0.0f;
+  for (int l = 0; l < kLanes; ++l) largest = lanes[l] > largest ? lanes[l] : largest;
+  for (; i < n; ++i) largest = (x[i] < 0 ? -x[i] : x[i]) > largest ? (x[i] < 0 ? -x[i] : x[i]) : largest;
+  return largest;
+}
 
 // exp on a vector (Cephes-style range reduction, ~2 ulp); arguments are
 // clamped to [-87, 88] so the result stays a normal float.

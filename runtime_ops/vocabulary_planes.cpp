@@ -4,6 +4,7 @@
 // AVX-512 BW and VNNI; one run a 256-bit vector with AVX-VNNI's or AVX2's multiply-add pairs otherwise;
 // plain C++ elsewhere.
 #include "vocabulary_planes.h"
+#include "vector_math.h"  // bfloat16_value, max_magnitude
 
 #include <algorithm>
 #include <cmath>
@@ -32,13 +33,6 @@ constexpr float kHighOffset = 8.0f - 15.0f / 32.0f;
 // ExecuTorch's event tracer, in both the 512-bit and the 256-bit (x86-64-v3 build) loops on Zen 4.
 constexpr int64_t kPrefetchRows = 8;
 
-inline float bfloat16_value(uint16_t bits) {
-  const uint32_t widened = uint32_t(bits) << 16;
-  float value;
-  std::memcpy(&value, &widened, sizeof(value));
-  return value;
-}
-
 // One token's activations in int8 with one max-abs scale, and per 32 values kHighOffset * their sum.
 struct Int8Activations {
   std::vector<int8_t> values;       // [width]
@@ -49,9 +43,7 @@ struct Int8Activations {
 void quantize_activations(const float* x, int64_t width, Int8Activations& out) {
   out.values.resize(width);
   out.half_offsets.assign(width / kGroupMultiple, 0.0f);
-  float largest = 0.0f;
-  for (int64_t i = 0; i < width; ++i) largest = std::max(largest, std::fabs(x[i]));
-  out.scale = largest / 127.0f;
+  out.scale = max_magnitude(x, width) / 127.0f;
   const float inverse = out.scale > 0.0f ? 1.0f / out.scale : 0.0f;
   for (int64_t i = 0; i < width; ++i) {
     const int32_t q = std::clamp(static_cast<int32_t>(std::nearbyint(x[i] * inverse)), -127, 127);

@@ -35,8 +35,8 @@ def bench_error(capsys, *arguments) -> str:
     (["--time-only"], "--time-only applies to --device cuda only"),
     (["--device", "cuda", "--only", "ours,executorch"],
      "--only: --device cuda times ours, ours_graph, hf, got executorch"),
-    (["--only", "ours,ours_graph"], "--only: --device cpu times ours, ours_8da4w, ours_8da8w, ours_int8wo, ours_16da8w, hf, "
-                                    "executorch, got ours_graph"),
+    (["--only", "ours,ours_graph"], "--only: --device cpu times ours, ours_8da4w, ours_8da4w_avx2, ours_8da8w, ours_int8wo, "
+                                    "ours_16da8w, hf, executorch, got ours_graph"),
     (["--device", "cuda", "--runs", "0"], "--runs must be >= 1, got 0"),
     (["--llama-rounds", "-1"], "--llama-rounds must be >= 0, got -1"),
     (["--llama-rounds", "2"], "--llama-rounds needs --llama-cpp DIR: the llama.cpp build whose files take turns"),
@@ -76,7 +76,8 @@ def test_each_device_has_its_defaults_and_the_cpu_bench_keeps_its_own():
     e2e.apply_defaults(cpu, e2e.CPU_DEFAULTS)
     # The CPU bench's defaults from before --device existed.
     assert (cpu.workdir, cpu.only, cpu.prompts, cpu.decode_steps) == (
-        Path("build/e2e"), ("ours", "ours_8da4w", "ours_8da8w", "ours_int8wo", "ours_16da8w", "hf", "executorch"),
+        Path("build/e2e"), ("ours", "ours_8da4w", "ours_8da4w_avx2", "ours_8da8w", "ours_int8wo", "ours_16da8w", "hf",
+                            "executorch"),
         (128, 512, 2048),
         32)
     cuda = parse("--device", "cuda")

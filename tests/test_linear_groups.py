@@ -78,31 +78,41 @@ def test_grouped_int8_projections_merge_to_the_same_outputs(generator, seed):
         assert torch.equal(actual, wanted), f"seed {seed}"
 
 
-def test_xnnpack_merges_a_16da8w_layers_projections(tmp_path, generator, seed, monkeypatch):
-    """The XNNPACK rewrite computes a layer's input projections as one product where all are 16da8w's grouped
-    int8 linears, and leaves other layers (and other quantizations) alone; the model's logits do not change."""
+@pytest.mark.parametrize("quantize", ["16da8w", "8da4w_avx2"])
+def test_xnnpack_merges_a_layers_grouped_projections(tmp_path, generator, seed, monkeypatch, quantize):
+    """The XNNPACK rewrite computes a layer's input projections that run on one of our grouped ops, with one
+    group size, as one product (16da8w's int8 linears; 8da4w_avx2's 4-bit ones and, apart, its 8-bit gates), and leaves
+    the others (XNNPACK's, and one of a kind alone) as they were; the model's logits do not change."""
     import copy
 
     from gdn_export.loading import load_qwen35
     from gdn_export.models.qwen35 import MLP, GatedAttention, GatedDeltaNet
     from gdn_export.passes import rewrite
-    from gdn_export.passes.linear_groups import LinearGroup
-    from gdn_export.quantize import GroupedInt8Linear, quantize_model
+    from gdn_export.passes.linear_groups import LinearGroupMember
+    from gdn_export.quantize import GroupedLinear, quantize_model
     from gdn_export.tiny import make_tiny_checkpoint
-
-    model = quantize_model(load_qwen35(make_tiny_checkpoint(tmp_path / "tiny", seed=seed), max_seq_len=32), "16da8w")
-    layers = {name: m for name, m in model.named_modules() if type(m) in (GatedDeltaNet, GatedAttention, MLP)}
-    mergeable = {name for name, m in layers.items()
-                 if all(isinstance(getattr(m, child), GroupedInt8Linear) for child in m.INPUT_PROJECTIONS)}
-    assert mergeable, "the tiny model should have a layer whose projections are all grouped int8"
     from runtime_ops.backend import XnnpackBackend
 
+    model = quantize_model(load_qwen35(make_tiny_checkpoint(tmp_path / "tiny", seed=seed), max_seq_len=32), quantize)
+    layers = {name: m for name, m in model.named_modules() if type(m) in (GatedDeltaNet, GatedAttention, MLP)}
+    kinds = {(name, child): (type(getattr(m, child)), getattr(m, child).group)
+             for name, m in layers.items() for child in m.INPUT_PROJECTIONS
+             if isinstance(getattr(m, child), GroupedLinear)}
     merged = rewrite(copy.deepcopy(model), backend="xnnpack")
     monkeypatch.setattr(XnnpackBackend, "merged_linears", lambda self, layer: [])
     plain = rewrite(model, backend="xnnpack")
-    for name in layers:
-        groups = [child for child in merged.get_submodule(name).children() if isinstance(child, LinearGroup)]
-        assert len(groups) == (1 if name in mergeable else 0), name
+    merges = 0
+    for name, layer in layers.items():
+        groups = {}
+        for child in layer.INPUT_PROJECTIONS:
+            projection = getattr(merged.get_submodule(name), child)
+            siblings = sum(kind == kinds.get((name, child)) for (other, _), kind in kinds.items() if other == name)
+            assert isinstance(projection, LinearGroupMember) == (siblings > 1), f"{name}.{child}"
+            if siblings > 1:
+                groups.setdefault(id(projection.group), set()).add(kinds[(name, child)])
+        assert all(len(kind) == 1 for kind in groups.values()), f"{name}: a group mixes kinds"
+        merges += len(groups)
+    assert merges, f"the tiny model should have a layer with two {quantize} projections of one kind"
     tokens = torch.randint(3, 200, (1, 9), generator=generator)
     with torch.no_grad():
         assert torch.equal(merged(tokens, torch.tensor([0])), plain(tokens, torch.tensor([0]))), f"seed {seed}"

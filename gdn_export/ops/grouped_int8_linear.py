@@ -33,8 +33,6 @@ TILE = 16  # output channels per tile
 GROUPS = (32, 64, 128, 256)  # group sizes the kernel takes (int32 sums of a group of int16 x int8 cannot overflow)
 ROWS_PER_BLOCK = 4096  # the reference and the writer work on this many output channels at a time
 
-SCHEMA = "grouped_int8_linear(Tensor x, Tensor weight, Tensor scales) -> Tensor"
-OUT_SCHEMA = "grouped_int8_linear.out(Tensor x, Tensor weight, Tensor scales, *, Tensor(a!) out) -> Tensor(a!)"
 
 
 def check_weight(weight, scales) -> tuple[int, int, int]:
@@ -74,37 +72,46 @@ def float_weight(weight, scales, start: int = 0, stop=None) -> torch.Tensor:
     return codes * units
 
 
-def reference_grouped_int8_linear(x, weight, scales):
-    n, k, _ = check_weight(weight, scales)
-    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() < 1 or x.shape[-1] != k:
-        raise TypeError(f"gdn.grouped_int8_linear: x must be float32 [..., {k}], got {x!r}")
-    read = round_activations(x).reshape(-1, k)
-    y = torch.cat([read @ float_weight(weight, scales, start, start + ROWS_PER_BLOCK).T
-                   for start in range(0, n, ROWS_PER_BLOCK)], dim=1)
-    return y.reshape(*x.shape[:-1], n)
+def define_grouped_linear(name: str, check_weight, round_activations, float_weight):
+    """Define ``gdn::<name>(Tensor x, Tensor weight, Tensor scales) -> Tensor`` and its ``.out`` form for a
+    grouped weight format (this module's and ``grouped_int4_linear``'s): the reference is ``x`` as the kernel
+    reads it (``round_activations``) times the float weight (``float_weight``), a block of output channels at
+    a time. Returns the two references."""
+
+    def reference(x, weight, scales):
+        n, k, _ = check_weight(weight, scales)
+        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() < 1 or x.shape[-1] != k:
+            raise TypeError(f"gdn.{name}: x must be float32 [..., {k}], got {x!r}")
+        read = round_activations(x).reshape(-1, k)
+        y = torch.cat([read @ float_weight(weight, scales, start, start + ROWS_PER_BLOCK).T
+                       for start in range(0, n, ROWS_PER_BLOCK)], dim=1)
+        return y.reshape(*x.shape[:-1], n)
+
+    def reference_out(x, weight, scales, *, out):
+        result = reference(x, weight, scales)
+        if out.shape != result.shape or out.dtype != result.dtype:
+            raise ValueError(f"gdn.{name}.out: out must be {list(result.shape)} {result.dtype}, "
+                             f"got {list(out.shape)} {out.dtype}")
+        return out.copy_(result)
+
+    def fake(x, weight, scales):
+        n, k, _ = check_weight(weight, scales)
+        if x.shape[-1] != k:
+            raise TypeError(f"gdn.{name}: x must be float32 [..., {k}], got {list(x.shape)}")
+        return x.new_empty((*x.shape[:-1], n), dtype=torch.float32)
+
+    define_op(f"{name}(Tensor x, Tensor weight, Tensor scales) -> Tensor", reference, fake)
+    define_op(f"{name}.out(Tensor x, Tensor weight, Tensor scales, *, Tensor(a!) out) -> Tensor(a!)", reference_out,
+              lambda x, weight, scales, *, out: out)
+    return reference, reference_out
 
 
-def reference_grouped_int8_linear_out(x, weight, scales, *, out):
-    result = reference_grouped_int8_linear(x, weight, scales)
-    if out.shape != result.shape or out.dtype != result.dtype:
-        raise ValueError(f"gdn.grouped_int8_linear.out: out must be {list(result.shape)} {result.dtype}, "
-                         f"got {list(out.shape)} {out.dtype}")
-    return out.copy_(result)
-
-
-def _fake(x, weight, scales):
-    n, k, _ = check_weight(weight, scales)
-    if x.shape[-1] != k:
-        raise TypeError(f"gdn.grouped_int8_linear: x must be float32 [..., {k}], got {list(x.shape)}")
-    return x.new_empty((*x.shape[:-1], n), dtype=torch.float32)
-
-
-define_op(SCHEMA, reference_grouped_int8_linear, _fake)
-define_op(OUT_SCHEMA, reference_grouped_int8_linear_out, lambda x, weight, scales, *, out: out)
+reference_grouped_int8_linear, reference_grouped_int8_linear_out = define_grouped_linear(
+    "grouped_int8_linear", check_weight, round_activations, float_weight)
 
 
 def fits(out_features: int, in_features: int, group: int = 32) -> bool:
-    """Whether a linear of this shape can be stored in this format."""
+    """Whether a linear of this shape can be stored in this format (and in ``grouped_int4_linear``'s)."""
     return out_features % TILE == 0 and group in GROUPS and in_features % group == 0
 
 

@@ -24,18 +24,19 @@ from torch import nn
 def stacked_linear(linears: Sequence[nn.Module]) -> nn.Module:
     """One linear layer whose output is the outputs of ``linears`` (one input size) side by side: their weights
     stacked along the output dim, and their biases where any has one (zeros for those without). The layers are
-    ``nn.Linear``s, or ``16da8w``'s ``GroupedInt8Linear``s of one group size (each output row keeps its codes and
-    scales, so each output is what its own layer computes)."""
-    from gdn_export.quantize import GroupedInt8Linear
+    ``nn.Linear``s, or grouped-weight linears of one kind and group size (``GroupedLinear``: ``16da8w``'s int8,
+    ``8da4w``'s 4-bit; each output row keeps its codes and scales, so each output is what its own layer
+    computes)."""
+    from gdn_export.quantize import GroupedLinear
 
     in_features = {linear.in_features for linear in linears}
     if len(in_features) != 1:
         raise ValueError(f"stacked_linear: the layers must read one input size, got {sorted(in_features)}")
     first = linears[0].weight
-    grouped = {isinstance(linear, GroupedInt8Linear) and linear.group for linear in linears}
+    grouped = {isinstance(linear, GroupedLinear) and (type(linear), linear.group) for linear in linears}
     if len(grouped) != 1:
-        raise ValueError("stacked_linear: the layers must all be nn.Linear or all GroupedInt8Linear of one group, "
-                         f"got {', '.join(type(linear).__name__ for linear in linears)}")
+        raise ValueError("stacked_linear: the layers must all be nn.Linear or all grouped linears of one kind and "
+                         f"group, got {', '.join(type(linear).__name__ for linear in linears)}")
     has_bias = any(linear.bias is not None for linear in linears)
     with torch.no_grad():
         bias = None
@@ -44,8 +45,8 @@ def stacked_linear(linears: Sequence[nn.Module]) -> nn.Module:
             bias = torch.cat([linear.bias if linear.bias is not None else
                               torch.zeros(linear.out_features, dtype=dtype, device=first.device) for linear in linears])
         if grouped != {False}:
-            return GroupedInt8Linear.stacked(list(linears), None if bias is None else
-                                             nn.Parameter(bias, requires_grad=False))
+            return type(linears[0]).stacked(list(linears), None if bias is None else
+                                            nn.Parameter(bias, requires_grad=False))
         stacked = nn.Linear(in_features.pop(), sum(linear.out_features for linear in linears), bias=has_bias,
                             device="meta")
         stacked.weight = nn.Parameter(torch.cat([linear.weight for linear in linears]),
@@ -91,13 +92,13 @@ class LinearGroupMember(nn.Module):
 def merge_linears(layer: nn.Module, names: Sequence[str]) -> LinearGroup:
     """Replace ``layer``'s linear children ``names`` by members of one group, registered as
     ``layer.<names joined by "__">``; returns the group."""
-    from gdn_export.quantize import GroupedInt8Linear
+    from gdn_export.quantize import GroupedLinear
 
     linears = [getattr(layer, name) for name in names]
     for name, linear in zip(names, linears):
-        if type(linear) is not nn.Linear and not isinstance(linear, GroupedInt8Linear):
+        if type(linear) is not nn.Linear and not isinstance(linear, GroupedLinear):
             raise TypeError(f"merge_linears: {type(layer).__name__}.{name} is a {type(linear).__name__}, "
-                            "not an nn.Linear or a GroupedInt8Linear")
+                            "not an nn.Linear or a GroupedLinear")
     group = LinearGroup(linears)
     layer.add_module("__".join(names), group)
     for index, (name, linear) in enumerate(zip(names, linears)):

@@ -1,0 +1,177 @@
+"""``gdn-bench linear``: 8da4w_avx2's 4-bit linear (our kernel) against 8da4w's (XNNPACK's), on the same weights.
+
+A chain of Qwen3.5 MLP-shaped layers (hidden -> intermediate -> hidden, ``--pairs``
+times: 176M weights at the 0.8B shape, more than the last-level cache, as a model's
+layers are) is exported twice, as two ``.pte`` programs with a dynamic row count:
+once with each layer a ``GroupedInt4Linear`` (``gdn::grouped_int4_linear``), once
+with torchao's ``IntxUnpackedToInt8Tensor`` lowered to XNNPACK (what 8da4w runs on,
+and what ExecuTorch's own llama export makes), each with the same 4-bit
+codes and scales (``fit_int4_scales``'). The two take turns, round after round, on
+the same inputs: 1 row is a decode step's products, more a prompt's.
+
+``--hide-avx512`` times them as an AVX2-only x86 runs them (gdn_bench/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from gdn_bench import UsageError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--pairs", type=int, default=24, help="MLP-shaped pairs of layers in the chain")
+    parser.add_argument("--hidden", type=int, default=1024, help="the model's width (Qwen3.5-0.8B: 1024)")
+    parser.add_argument("--intermediate", type=int, default=3584, help="the MLP's width (Qwen3.5-0.8B: 3584)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 512], help="rows per call (1 is decode)")
+    parser.add_argument("--rounds", type=int, default=5, help="turns each program takes at each row count")
+    parser.add_argument("--threads", type=int, default=2, help="ExecuTorch threadpool size")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the weights and the inputs")
+    parser.add_argument("--hide-avx512", action="store_true",
+                        help="XNNPACK told the CPU has no AVX-512 and our kernels from a library built for "
+                             "x86-64-v3 (GDN_RUNTIME_OPS_LIB), as on an AVX2-only x86")
+
+
+class Chain(nn.Module):
+    def __init__(self, layers):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def float_chain(pairs: int, hidden: int, intermediate: int, seed: int = 0) -> list:
+    """The float layers, seeded, scaled so the activations stay near unit size through the chain."""
+    generator = torch.Generator().manual_seed(seed)
+    layers = []
+    for _ in range(pairs):
+        for width, height in ((hidden, intermediate), (intermediate, hidden)):
+            layer = nn.Linear(width, height, bias=False)
+            with torch.no_grad():
+                layer.weight.copy_(torch.randn(height, width, generator=generator) / width ** 0.5)
+            layers.append(layer)
+    return layers
+
+
+def quantized_chains(layers: list) -> tuple[nn.Module, nn.Module]:
+    """``(ours, xnnpack)``: the chain with each layer on our kernel, and the same codes and scales as torchao's
+    tensor for XNNPACK."""
+    from torchao.quantization import IntxUnpackedToInt8Tensor
+
+    from gdn_export.ops.grouped_int4_linear import float_weight
+    from gdn_export.quantize import GroupedInt4Linear
+
+    ours, theirs = [], []
+    for layer in layers:
+        grouped = GroupedInt4Linear(layer, 32)
+        ours.append(grouped)
+        # The same 4-bit values: the float weight our codes stand for, quantized again at our scales.
+        scale = grouped.scales.permute(0, 2, 1).reshape(grouped.out_features, -1)
+        weight = IntxUnpackedToInt8Tensor.from_hp(
+            float_weight(grouped.weight, grouped.scales), (1, 32), torch.int4,
+            activation_quantization="int8_asym_per_token", intx_choose_qparams_algorithm=None,
+            custom_scale=scale.float(), custom_zero_point=torch.zeros_like(scale, dtype=torch.int8))
+        weight.scale = weight.scale.to(torch.bfloat16)
+        linear = nn.Linear(layer.in_features, layer.out_features, bias=False)
+        linear.weight = nn.Parameter(weight, requires_grad=False)
+        theirs.append(linear)
+    return Chain(ours).eval(), Chain(theirs).eval()
+
+
+def lowered(module: nn.Module, hidden: int, most_rows: int):
+    """``module`` as a loaded ExecuTorch method (XNNPACK partitioner; our op stays outside it), and the program
+    object the method reads from, which must stay alive beside it."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import EdgeCompileConfig, to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    rows = torch.export.Dim("rows", min=1, max=max(2, most_rows))
+    exported = torch.export.export(module, (torch.randn(1, 2, hidden),), dynamic_shapes=({1: rows},))
+    program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()],
+                                          compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch()
+    loaded = Runtime.get().load_program(program.buffer)
+    return loaded.load_method("forward"), (program, loaded)
+
+
+def measure(args) -> dict:
+    """``{rows: {"ours": ms, "xnnpack": ms, "error": relative distance of the two outputs}}``, medians of
+    ``args.rounds`` turns."""
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+    import gdn_export  # noqa: F401  (our kernels, in the programs' runtime)
+
+    _unsafe_reset_threadpool(args.threads)
+    layers = float_chain(args.pairs, args.hidden, args.intermediate, args.seed)
+    ours, theirs = quantized_chains(layers)
+    methods, alive = {}, []
+    for name, module in (("ours", ours), ("xnnpack", theirs)):
+        methods[name], keep = lowered(module, args.hidden, max(args.rows))
+        alive.append(keep)
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    results = {}
+    for rows in args.rows:
+        x = torch.randn(1, rows, args.hidden, generator=generator)
+        outputs = {name: method.execute([x])[0] for name, method in methods.items()}  # and a first, untimed call
+        error = ((outputs["ours"] - outputs["xnnpack"]).norm() / outputs["xnnpack"].norm()).item()
+        calls = max(1, 16 // rows)
+        times = {name: [] for name in methods}
+        for _ in range(args.rounds):
+            for name, method in methods.items():
+                started = time.perf_counter()
+                for _ in range(calls):
+                    method.execute([x])
+                times[name].append(1e3 * (time.perf_counter() - started) / calls)
+        results[rows] = {name: statistics.median(values) for name, values in times.items()}
+        results[rows]["error"] = error
+    return results
+
+
+def report(results: dict, args) -> str:
+    weights = 2 * args.pairs * args.hidden * args.intermediate
+    lines = [f"A chain of {2 * args.pairs} layers ({args.pairs} x {args.hidden} -> {args.intermediate} -> "
+             f"{args.hidden}, {weights / 1e6:.0f}M 4-bit weights in groups of 32), {args.threads} threads, medians "
+             f"of {args.rounds} alternated turns:", "",
+             "| rows | ours ms | XNNPACK ms | ours / XNNPACK speed | ours GB/s of codes and scales | "
+             "ours GMAC/s | outputs' relative distance (the two int8 roundings, compounded over the chain) |",
+             "|---|---|---|---|---|---|---|"]
+    for rows, entry in results.items():
+        bytes_read = weights * (0.5 + 2 / 32)
+        # One row reads every weight for few products: its pace is the memory's. More rows reuse each read.
+        pace = f"{bytes_read / entry['ours'] / 1e6:.1f}" if rows == 1 else "-"
+        lines.append(f"| {rows} | {entry['ours']:.2f} | {entry['xnnpack']:.2f} | {entry['xnnpack'] / entry['ours']:.2f}x "
+                     f"| {pace} | {rows * weights / entry['ours'] / 1e6:.0f} | {entry['error']:.1e} |")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    from gdn_bench import x86_isa
+
+    for name in ("pairs", "hidden", "intermediate", "rounds", "threads"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if any(rows < 1 for rows in args.rows):
+        raise UsageError(f"--rows must all be >= 1, got {args.rows}")
+    for name in ("hidden", "intermediate"):
+        if getattr(args, name) % 32:
+            raise UsageError(f"--{name} must be a multiple of 32 (a group of 4-bit weights), got {getattr(args, name)}")
+    hidden = False
+    if args.hide_avx512:
+        from runtime_ops.loader import library_path
+
+        try:
+            x86_isa.check_runtime_ops_library(library_path())
+            x86_isa.hide_avx512()
+        except x86_isa.IsaError as error:
+            raise UsageError(str(error)) from None
+        hidden = True
+    print(f"Machine: {x86_isa.machine_line(hidden)}.\n")
+    print(report(measure(args), args))
+    return 0
