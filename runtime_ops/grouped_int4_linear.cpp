@@ -4,6 +4,7 @@
 // sum is corrected by 8 times the sum of the row's values over the group, once a group. Up to kRows rows of x
 // share each run of codes, so a prompt splits each run once per kRows rows.
 #include "grouped_int4_linear.h"
+#include "grouped_linear.h"
 #include "vector_math.h"  // bfloat16_value, max_magnitude
 
 #include <algorithm>
@@ -29,7 +30,6 @@ constexpr int64_t kRows = 8;
 constexpr int64_t kRows = 4;
 #endif
 constexpr int64_t kPrefetchBytes = 1024;
-constexpr int64_t kRowBlock = 64;  // rows of x kept hot while a thread's tiles pass over them
 
 // One row of x in int8 with one max-abs scale (the contract's rounding: to nearest, ties to even), and per group
 // kCodeOffset times the sum of its int8 values.
@@ -263,29 +263,16 @@ void grouped_int4_linear(const GroupedInt4Weight& weight, const float* x, int64_
   std::vector<int8_t> values(count * k);
   std::vector<int32_t> offsets(count * groups);
   std::vector<float> row_scales(count);
-  auto quantize = [&](int64_t begin, int64_t end) {
+  round_rows(count, parallel_for, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) {
       row_scales[m] = quantize_row(x + m * k, k, weight.group, values.data() + m * k, offsets.data() + m * groups);
     }
-  };
-  if (count > 1) {
-    parallel_for(0, count, quantize);
-  } else {
-    quantize(0, 1);
-  }
+  });
   const int64_t tile_bytes = k / 4 * kRunBytes, tile_scales = groups * kTile;
-  parallel_for(0, n / kTile, [&](int64_t first, int64_t last) {
-    for (int64_t block = 0; block < count; block += kRowBlock) {
-      const int64_t block_end = std::min(count, block + kRowBlock);
-      for (int64_t tile = first; tile < last; ++tile) {
-        for (int64_t m = block; m < block_end; m += kRows) {
-          const int64_t rows = std::min(kRows, block_end - m);
-          kTileRows[rows - 1](TileRows{weight.codes + tile * tile_bytes, weight.scales + tile * tile_scales,
-                                       values.data() + m * k, offsets.data() + m * groups, row_scales.data() + m,
-                                       k, weight.group, y + m * n + tile * kTile, n});
-        }
-      }
-    }
+  pass_over_tiles(n / kTile, count, kRows, parallel_for, [&](int64_t tile, int64_t m, int64_t rows) {
+    kTileRows[rows - 1](TileRows{weight.codes + tile * tile_bytes, weight.scales + tile * tile_scales,
+                                 values.data() + m * k, offsets.data() + m * groups, row_scales.data() + m, k,
+                                 weight.group, y + m * n + tile * kTile, n});
   });
 }
 

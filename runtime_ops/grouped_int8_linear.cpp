@@ -2,6 +2,7 @@
 // 32-byte run of codes is widened to 16-bit and multiplied-and-added with the pair of the row's int16 values,
 // broadcast. Up to kRows rows of x share each run of codes, so a prompt reads each tile once per kRows rows.
 #include "grouped_int8_linear.h"
+#include "grouped_linear.h"
 #include "vector_math.h"  // bfloat16_value, max_magnitude
 
 #include <algorithm>
@@ -24,7 +25,6 @@ constexpr int64_t kRows = 8;
 #else
 constexpr int64_t kRows = 4;
 #endif
-constexpr int64_t kRowBlock = 64;    // rows of x kept hot while a thread's tiles pass over them
 
 // One row of x in int16 with one max-abs scale (the contract's rounding: to nearest, ties to even).
 float quantize_row(const float* x, int64_t k, int16_t* out) {
@@ -164,27 +164,13 @@ void grouped_int8_linear(const GroupedInt8Weight& weight, const float* x, int64_
   const int64_t k = weight.k, n = weight.n;
   std::vector<int16_t> values(count * k);
   std::vector<float> row_scales(count);
-  auto quantize = [&](int64_t begin, int64_t end) {
+  round_rows(count, parallel_for, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) row_scales[m] = quantize_row(x + m * k, k, values.data() + m * k);
-  };
-  if (count > 1) {
-    parallel_for(0, count, quantize);
-  } else {
-    quantize(0, 1);
-  }
+  });
   const int64_t tile_bytes = k * kTile, tile_scales = (k / weight.group) * kTile;
-  parallel_for(0, n / kTile, [&](int64_t first, int64_t last) {
-    for (int64_t block = 0; block < count; block += kRowBlock) {
-      const int64_t block_end = std::min(count, block + kRowBlock);
-      for (int64_t tile = first; tile < last; ++tile) {
-        for (int64_t m = block; m < block_end; m += kRows) {
-          const int64_t rows = std::min(kRows, block_end - m);
-          kTileRows[rows - 1](weight.codes + tile * tile_bytes, weight.scales + tile * tile_scales,
-                              values.data() + m * k, row_scales.data() + m, k, weight.group, y + m * n + tile * kTile,
-                              n);
-        }
-      }
-    }
+  pass_over_tiles(n / kTile, count, kRows, parallel_for, [&](int64_t tile, int64_t m, int64_t rows) {
+    kTileRows[rows - 1](weight.codes + tile * tile_bytes, weight.scales + tile * tile_scales, values.data() + m * k,
+                        row_scales.data() + m, k, weight.group, y + m * n + tile * kTile, n);
   });
 }
 

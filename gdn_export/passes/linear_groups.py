@@ -25,7 +25,7 @@ def stacked_linear(linears: Sequence[nn.Module]) -> nn.Module:
     """One linear layer whose output is the outputs of ``linears`` (one input size) side by side: their weights
     stacked along the output dim, and their biases where any has one (zeros for those without). The layers are
     ``nn.Linear``s, or grouped-weight linears of one kind and group size (``GroupedLinear``: ``16da8w``'s int8,
-    ``8da4w``'s 4-bit; each output row keeps its codes and scales, so each output is what its own layer
+    ``8da4w_avx2``'s 4-bit; each output row keeps its codes and scales, so each output is what its own layer
     computes)."""
     from gdn_export.quantize import GroupedLinear
 
