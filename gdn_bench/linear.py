@@ -6,7 +6,7 @@ layers are) is exported twice, as two ``.pte`` programs with a dynamic row count
 once with each layer a ``GroupedInt4Linear`` (``gdn::grouped_int4_linear``), once
 with torchao's ``IntxUnpackedToInt8Tensor`` lowered to XNNPACK (what 8da4w runs on,
 and what ExecuTorch's own llama export makes), each with the same 4-bit
-codes and scales (``fit_int4_scales``'). The two take turns, round after round, on
+codes and positive scales (``fit_int4_scales``'). The two take turns, round after round, on
 the same inputs: 1 row is a decode step's products, more a prompt's.
 
 ``--hide-avx512`` times them as an AVX2-only x86 runs them (gdn_bench/README.md).
@@ -71,7 +71,7 @@ def quantized_chains(layers: list) -> tuple[nn.Module, nn.Module]:
 
     ours, theirs = [], []
     for layer in layers:
-        grouped = GroupedInt4Linear(layer, 32)
+        grouped = GroupedInt4Linear(layer, 32, signed=False)  # positive scales, which XNNPACK takes too
         ours.append(grouped)
         # The same 4-bit values: the float weight our codes stand for, quantized again at our scales.
         scale = grouped.scales.permute(0, 2, 1).reshape(grouped.out_features, -1)

@@ -147,8 +147,9 @@ at::Tensor fit_int4_scales_functional(const at::Tensor& weight, int64_t group_si
               "gdn.fit_int4_scales: group_size must be positive and divide the ", weight.size(1),
               " columns of weight, got ", group_size);
   std::vector<float> candidates(divisors.begin(), divisors.end());
-  TORCH_CHECK(!candidates.empty() && std::all_of(candidates.begin(), candidates.end(), [](float d) { return d > 0; }),
-              "gdn.fit_int4_scales: divisors must be one or more positive numbers, got ", divisors);
+  TORCH_CHECK(!candidates.empty() && std::all_of(candidates.begin(), candidates.end(),
+                                                  [](float d) { return std::isfinite(d) && d != 0; }),
+              "gdn.fit_int4_scales: divisors must be one or more finite nonzero numbers, got ", divisors);
   const at::Tensor rows = weight.contiguous();
   at::Tensor scales = at::empty({weight.size(0), weight.size(1) / group_size}, weight.options());
   gdn::fit_int4_scales(rows.data_ptr<float>(), weight.size(0), weight.size(1), group_size, candidates.data(),

@@ -25,14 +25,24 @@ void fit_lanes(const float* weight, int64_t first, int64_t total, int64_t group,
     const float* w = weight + std::min(first + l, total - 1) * group;
     for (int64_t i = 0; i < group; ++i) columns[i * kLanes + l] = w[i];
   }
-  float largest[kLanes], scale[kLanes], energy[kLanes], product[kLanes], error[kLanes];
+  // largest: the group's largest magnitude; extreme: the first weight of that magnitude, with its sign.
+  float largest[kLanes], extreme[kLanes], scale[kLanes], energy[kLanes], product[kLanes], error[kLanes];
   float best_error[kLanes], best_scale[kLanes];
-  for (int64_t l = 0; l < kLanes; ++l) largest[l] = 0.0f;
+  for (int64_t l = 0; l < kLanes; ++l) largest[l] = extreme[l] = 0.0f;
   for (int64_t i = 0; i < group; ++i)
-    for (int64_t l = 0; l < kLanes; ++l) largest[l] = std::max(largest[l], std::fabs(columns[i * kLanes + l]));
-  for (int64_t l = 0; l < kLanes; ++l) largest[l] = std::max(largest[l], FLT_MIN);
+    for (int64_t l = 0; l < kLanes; ++l) {
+      const float w = columns[i * kLanes + l];
+      const bool larger = std::fabs(w) > largest[l];
+      largest[l] = larger ? std::fabs(w) : largest[l];
+      extreme[l] = larger ? w : extreme[l];
+    }
+  for (int64_t l = 0; l < kLanes; ++l) {
+    largest[l] = std::max(largest[l], FLT_MIN);
+    extreme[l] = extreme[l] < 0.0f ? -largest[l] : largest[l];
+  }
   for (int64_t d = 0; d < count; ++d) {
-    for (int64_t l = 0; l < kLanes; ++l) scale[l] = largest[l] / divisors[d];
+    // A negative divisor: a scale of the other sign than the extreme weight's, which rounds to the -8 side.
+    for (int64_t l = 0; l < kLanes; ++l) scale[l] = (divisors[d] > 0.0f ? largest[l] : extreme[l]) / divisors[d];
     for (int pass = 0; pass < 2; ++pass) {
       for (int64_t l = 0; l < kLanes; ++l) energy[l] = product[l] = 0.0f;
       for (int64_t i = 0; i < group; ++i)
@@ -44,8 +54,8 @@ void fit_lanes(const float* weight, int64_t first, int64_t total, int64_t group,
         }
       for (int64_t l = 0; l < kLanes; ++l) {
         const float fitted = product[l] / std::max(energy[l], 1.0f);
-        // An all-zero rounding or a non-positive fit keeps the scale it had.
-        scale[l] = energy[l] > 0.0f && fitted > 0.0f ? fitted : scale[l];
+        // An all-zero rounding or a fit of the other sign (or zero) keeps the scale it had.
+        scale[l] = energy[l] > 0.0f && fitted * scale[l] > 0.0f ? fitted : scale[l];
       }
     }
     for (int64_t l = 0; l < kLanes; ++l) error[l] = 0.0f;

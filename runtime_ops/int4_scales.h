@@ -9,9 +9,11 @@
 
 namespace gdn {
 
-// scales[r, c / group] for weight [rows, columns] (float32, rows contiguous): per group, the positive scale s
-// whose rounding clamp(round(w / s), -8, 7) * s has the least squared error among those tried, each candidate
-// starting from the group's largest magnitude over one of divisors[0..count) and refined twice by least squares.
+// scales[r, c / group] for weight [rows, columns] (float32, rows contiguous): per group, the scale s whose
+// rounding clamp(round(w / s), -8, 7) * s has the least squared error among those tried, each candidate
+// starting from one of divisors[0..count) and refined twice by least squares: a positive divisor d gives the
+// positive scale (the group's largest magnitude) / d, a negative one (the group's weight of largest
+// magnitude) / d, of the other sign, so that weight rounds to about d.
 void fit_int4_scales(const float* weight, int64_t rows, int64_t columns, int64_t group, const float* divisors,
                      int64_t count, float* scales, const ParallelFor& parallel_for);
 

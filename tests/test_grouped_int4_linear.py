@@ -27,10 +27,12 @@ class Linear(torch.nn.Module):
 
 
 def random_weight(generator, n, k, group=32):
-    """A float weight [n, k] whose groups have their own magnitudes, and max-abs scales for it."""
+    """A float weight [n, k] whose groups have their own magnitudes, and max-abs scales for it, each of a
+    random sign (8da4w_avx2's scales take either)."""
     magnitudes = torch.rand(n, k // 32, 1, generator=generator) * 0.2 + 0.01
     dense = (torch.randn(n, k // 32, 32, generator=generator) * magnitudes).reshape(n, k)
-    scales = dense.reshape(n, k // group, group).abs().amax(-1) / 7  # no code clips
+    signs = torch.randint(0, 2, (n, k // group), generator=generator) * 2 - 1
+    scales = dense.reshape(n, k // group, group).abs().amax(-1) / 7 * signs  # no code clips
     return dense, scales
 
 
@@ -67,7 +69,7 @@ def test_reference_stays_within_the_formats_error(seed, generator):
     """Each weight within half its group's scale; the outputs within the error those and the int8 input allow."""
     dense, scales = random_weight(generator, 64, 128)
     weight, units = to_grouped_int4(dense, scales)
-    unit = units.float().permute(0, 2, 1).reshape(64, 4).repeat_interleave(32, dim=1)
+    unit = units.float().abs().permute(0, 2, 1).reshape(64, 4).repeat_interleave(32, dim=1)
     assert ((float_weight(weight, units) - dense).abs() <= 0.5 * unit * 1.0001).all(), f"seed {seed}"
     x = torch.randn(5, 128, generator=generator)
     exact = x @ dense.T
@@ -106,5 +108,7 @@ def test_writer_refuses_what_the_layout_cannot_hold(generator):
         to_grouped_int4(dense, dense[:, :2].abs() + 1)
     with pytest.raises(ValueError, match=r"scales must be \[32, K / group\]"):
         to_grouped_int4(dense, scales[:16])
-    with pytest.raises(ValueError, match="positive"):
-        to_grouped_int4(dense, -scales)
+    zero = scales.clone()
+    zero[5, 1] = 1e-42  # a float32 subnormal, zero in bfloat16
+    with pytest.raises(ValueError, match="nonzero"):
+        to_grouped_int4(dense, zero)

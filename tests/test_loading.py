@@ -333,10 +333,13 @@ def rounding_error(groups: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return ((groups - torch.round(groups / scale[..., None]).clamp(-8, 7) * scale[..., None]) ** 2).sum(-1)
 
 
-def test_int4_scales_are_near_the_best_scale_of_a_dense_search(seed):
-    """The fitted scales against a brute-force search over 4000 scales between max / 10 and max / 5: the
-    squared error summed over the groups within 0.5% of the searched optimum's (at most 0.21% over 200 seeds;
-    single groups may stop at a local optimum, up to 1.3x), and no group worse than max / 7.5 rounding."""
+@pytest.mark.parametrize("signed", [False, True])
+def test_int4_scales_are_near_the_best_scale_of_a_dense_search(signed, seed):
+    """The fitted scales against a brute-force search over 4000 scales between max / 10 and max / 5 (and as
+    many between -max / 5 and -max / 10 if ``signed``): the squared error summed over the groups within 0.5%
+    of the searched optimum's (at most 0.21% over 200 seeds; single groups may stop at a local optimum, up to
+    1.3x), and no group worse than max / 7.5 rounding. Signed, no group worse than its positive scale's, and
+    the sum at least 5% under it (Gaussian groups: about 11%)."""
     from gdn_export.quantize import fit_int4_scales
 
     generator = torch.Generator().manual_seed(seed)
@@ -344,47 +347,56 @@ def test_int4_scales_are_near_the_best_scale_of_a_dense_search(seed):
     weight = torch.randn(48, 96, generator=generator) * 0.02
     weight[::7, 5] *= 6
     weight[3, 32:64] = 0
-    scales = fit_int4_scales(weight, 32)
-    assert scales.shape == (48, 3) and (scales > 0).all(), f"seed {seed}"
+    scales = fit_int4_scales(weight, 32, signed)
+    assert scales.shape == (48, 3) and (scales != 0).all() and (signed or (scales > 0).all()), f"seed {seed}"
     groups = weight.reshape(48, 3, 32)
 
     largest = groups.abs().amax(-1).clamp_min(1e-30)
-    searched = torch.stack([rounding_error(groups, largest / divisor) for divisor in torch.linspace(5.0, 10.0, 4000)])
+    divisors = torch.linspace(5.0, 10.0, 4000)
+    divisors = torch.cat([divisors, -divisors]) if signed else divisors
+    searched = torch.stack([rounding_error(groups, largest / divisor) for divisor in divisors])
     best = searched.min(dim=0).values
     ours = rounding_error(groups, scales)
     assert ours.sum() <= 1.005 * best.sum(), f"seed {seed}: {ours.sum() / best.sum():.4f}x the searched optimum"
     plain = rounding_error(groups, largest / 7.5)
     assert (ours <= plain * (1 + 1e-5) + 1e-12).all(), f"seed {seed}: a group worse than max / 7.5 rounding"
     assert ours[3, 1] == 0  # the zero group is exact
+    if signed:
+        positive = rounding_error(groups, fit_int4_scales(weight, 32))
+        assert (ours <= positive * (1 + 1e-5) + 1e-12).all(), f"seed {seed}: a group worse than its positive scale's"
+        assert ours.sum() <= 0.95 * positive.sum(), f"seed {seed}: {ours.sum() / positive.sum():.4f}x positive's"
 
 
+@pytest.mark.parametrize("signed", [False, True])
 @pytest.mark.parametrize("kernel", ["reference", "runtime_ops"])
-def test_int4_scales_of_a_matrix_are_those_of_each_row_alone(kernel, seed, monkeypatch):
+def test_int4_scales_of_a_matrix_are_those_of_each_row_alone(kernel, signed, seed, monkeypatch):
     """The reference works on blocks of rows, the C++ kernel on sixteen groups side by side (74 groups here,
     the last batch of ten); a group's scale must not depend on the rows or groups beside it."""
     import gdn_export.ops.int4_scales as int4_scales
-    from gdn_export.quantize import INT4_SCALE_DIVISORS
+    from gdn_export.quantize import INT4_SCALE_DIVISORS, INT4_SIGNED_SCALE_DIVISORS
 
     fit = int4_scales.reference_fit_int4_scales if kernel == "reference" else torch.ops.gdn.fit_int4_scales
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(37, 64, generator=generator) * 0.02
     weight[::5, 7] *= 8
     monkeypatch.setattr(int4_scales, "FIT_BLOCK_ELEMENTS", 5 * 64)  # the reference's blocks: 5 rows, the last 2
-    divisors = list(INT4_SCALE_DIVISORS)
+    divisors = list(INT4_SIGNED_SCALE_DIVISORS if signed else INT4_SCALE_DIVISORS)
     scales = fit(weight, 32, divisors)
     alone = torch.cat([fit(weight[row:row + 1], 32, divisors) for row in range(37)])
     assert torch.equal(scales, alone), f"seed {seed}: rows {sorted(set((scales != alone).nonzero()[:, 0].tolist()))}"
 
 
+@pytest.mark.parametrize("signed", [False, True])
 @pytest.mark.parametrize("group", [32, 64, 128])
-def test_int4_scales_kernel_is_the_reference(group, seed):
+def test_int4_scales_kernel_is_the_reference(group, signed, seed):
     """runtime_ops' C++ fit against the op's PyTorch reference. The kernel sums each group in order, the
     reference in torch's vectorized order, so a last bit can move a refinement's rounding and the search then
-    ends elsewhere: no group's squared error above the reference's by more than 1e-5 (relative), the summed
-    error the reference's within 1e-5, 98% of the scales within 1e-5. (Over 300 seeds a size: per-group ratios
-    0.99985 to 1.0000014, sums within 6e-7, 99.4% of the scales or more.)"""
+    ends at another local optimum, a little better or worse: no group's squared error above the reference's
+    by more than 1% (relative), the summed error the reference's within 1e-4, 98% of the scales within 1e-5.
+    (Over 1500 seeds a size and sign: per-group ratios 0.9987 to 1.0021, the worst at groups of 128, sums
+    within 1.5e-5, 98.9% of the scales or more.)"""
     from gdn_export.ops.int4_scales import reference_fit_int4_scales
-    from gdn_export.quantize import INT4_SCALE_DIVISORS
+    from gdn_export.quantize import INT4_SCALE_DIVISORS, INT4_SIGNED_SCALE_DIVISORS
 
     assert torch._C._dispatch_has_kernel_for_dispatch_key("gdn::fit_int4_scales", "CPU"), "C++ kernel not loaded"
     generator = torch.Generator().manual_seed(seed)
@@ -393,19 +405,31 @@ def test_int4_scales_kernel_is_the_reference(group, seed):
     weight[::7, 5] *= 6  # outliers
     weight[3, :group] = 0  # an all-zero group
     weight[4, group:2 * group] = torch.randint(-8, 8, (group,), generator=generator) * 0.01  # an exact rounding
-    divisors = list(INT4_SCALE_DIVISORS)
+    divisors = list(INT4_SIGNED_SCALE_DIVISORS if signed else INT4_SCALE_DIVISORS)
     expected = reference_fit_int4_scales(weight, group, divisors)
     scales = torch.ops.gdn.fit_int4_scales(weight, group, divisors)
-    assert scales.shape == expected.shape and (scales > 0).all(), f"seed {seed}"
+    assert scales.shape == expected.shape, f"seed {seed}"
+    # Positive divisors give positive scales; with both signs, both win somewhere.
+    assert ((scales < 0).any() and (scales > 0).any()) if signed else (scales > 0).all(), f"seed {seed}"
     groups = weight.reshape(rows, 4, group)
 
     ours, theirs = rounding_error(groups, scales), rounding_error(groups, expected)
-    assert (ours <= theirs * (1 + 1e-5) + 1e-12).all(), \
+    assert (ours <= theirs * (1 + 1e-2) + 1e-12).all(), \
         f"seed {seed}: worst error ratio {(ours / theirs.clamp_min(1e-30)).max().item():.7f}"
-    assert abs(ours.sum() / theirs.sum() - 1) <= 1e-5, f"seed {seed}: summed error {ours.sum() / theirs.sum():.7f}x"
+    assert abs(ours.sum() / theirs.sum() - 1) <= 1e-4, f"seed {seed}: summed error {ours.sum() / theirs.sum():.7f}x"
     assert ours[3, 0] == 0 and ours[4, 1] <= 1e-12, f"seed {seed}: the zero and exact groups"
-    close = ((scales - expected).abs() <= 1e-5 * expected).float().mean().item()
+    close = ((scales - expected).abs() <= 1e-5 * expected.abs()).float().mean().item()
     assert close >= 0.98, f"seed {seed}: {close:.3f} of the scales within 1e-5"
+
+
+@pytest.mark.parametrize("divisors", [[], [8.0, 0.0], [8.0, float("nan")], [-8.0, float("inf")]])
+@pytest.mark.parametrize("kernel", ["reference", "runtime_ops"])
+def test_int4_scales_refuse_divisors_they_cannot_start_from(kernel, divisors):
+    import gdn_export.ops.int4_scales as int4_scales
+
+    fit = int4_scales.reference_fit_int4_scales if kernel == "reference" else torch.ops.gdn.fit_int4_scales
+    with pytest.raises((ValueError, RuntimeError), match="divisors must be one or more finite nonzero numbers"):
+        fit(torch.randn(4, 64), 32, divisors)
 
 
 def test_int4_linear_holds_bfloat16_scales_and_one_zero_byte(seed):
@@ -427,6 +451,34 @@ def test_int4_linear_holds_bfloat16_scales_and_one_zero_byte(seed):
     assert torch.equal(weight.qdata.reshape(32, 3, 32).float(), codes), f"seed {seed}"
     expected = (codes * fitted.to(torch.bfloat16).float()[..., None]).reshape(32, 96)
     assert torch.equal(weight.dequantize(), expected), f"seed {seed}"
+
+
+def test_avx2_linear_rounds_its_weights_with_signed_scales(seed):
+    """An 8da4w_avx2 linear's weights are its codes times fit_int4_scales(signed=True)'s bfloat16 scales, of
+    both signs, and round the float weight closer than 8da4w's positive scales do (11% less squared error on
+    Gaussian weights; at least 5% asserted)."""
+    from gdn_export.ops.grouped_int4_linear import float_weight
+    from gdn_export.quantize import GroupedInt4Linear, fit_int4_scales, quantize_module
+
+    generator = torch.Generator().manual_seed(seed)
+    dense = torch.randn(64, 256, generator=generator) * 0.02
+
+    def linear():
+        layer = torch.nn.Linear(256, 64, bias=False)
+        with torch.no_grad():
+            layer.weight.copy_(dense)
+        return layer
+
+    ours = quantize_module(linear(), "8da4w_avx2", "layers.0.mlp.up_proj")
+    assert isinstance(ours, GroupedInt4Linear)
+    fitted = fit_int4_scales(dense, 32, signed=True).to(torch.bfloat16).float()
+    assert (fitted < 0).any() and (fitted > 0).any(), f"seed {seed}"
+    codes = torch.round(dense.reshape(64, 8, 32) / fitted[..., None]).clamp(-8, 7)
+    ours_weight = float_weight(ours.weight, ours.scales)
+    assert torch.equal(ours_weight, (codes * fitted[..., None]).reshape(64, 256)), f"seed {seed}"
+    positive = quantize_module(linear(), "8da4w", "layers.0.mlp.up_proj").weight.dequantize()
+    ours_error, positive_error = ((ours_weight - dense) ** 2).sum(), ((positive - dense) ** 2).sum()
+    assert ours_error <= 0.95 * positive_error, f"seed {seed}: {ours_error / positive_error:.4f}x 8da4w's error"
 
 
 @pytest.mark.parametrize("kind", ["embedding", "linear"])

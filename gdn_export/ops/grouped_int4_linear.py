@@ -10,7 +10,7 @@ VNNI's ``vpdpbusd``, 64; plain C++ elsewhere), and runs outside XNNPACK, in one
 kernel call a layer's projections where ``rewrite`` merges them.
 
 Format (``to_grouped_int4`` writes it): ``W[n, k] = (code[n, k] - 8) * scale[n, k // group]``,
-codes in [0, 15], scales bfloat16, ``group`` a multiple of 32 up to 256 dividing
+codes in [0, 15], scales bfloat16 of either sign, ``group`` a multiple of 32 up to 256 dividing
 ``K``. The codes come in tiles of 16 output channels and runs of 4 inputs, two
 codes a byte: byte ``4 c + t`` of run ``q`` holds channel ``c``'s code for input
 ``4 q + t`` in its low nibble and channel ``c + 8``'s in its high one, so
@@ -85,9 +85,9 @@ reference_grouped_int4_linear, reference_grouped_int4_linear_out = define_groupe
 
 
 def to_grouped_int4(weight: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(weight, scales)`` of a float weight [N, K] with positive ``scales`` [N, K / group] (``fits(N, K,
-    group)``; ``gdn_export.quantize.fit_int4_scales`` chooses them): each scale rounded to bfloat16, each
-    weight's code the nearest of -8..7 times its scale."""
+    """``(weight, scales)`` of a float weight [N, K] with nonzero ``scales`` [N, K / group] of either sign
+    (``fits(N, K, group)``; ``gdn_export.quantize.fit_int4_scales`` chooses them): each scale rounded to
+    bfloat16, each weight's code the nearest of -8..7 times its scale."""
     n, k = weight.shape
     if scales.dim() != 2 or scales.shape[0] != n or scales.shape[1] == 0 or k % scales.shape[1]:
         raise ValueError(f"to_grouped_int4: scales must be [{n}, K / group] for a weight [{n}, {k}], "
@@ -96,8 +96,8 @@ def to_grouped_int4(weight: torch.Tensor, scales: torch.Tensor) -> tuple[torch.T
     if not fits(n, k, group):
         raise ValueError(f"to_grouped_int4: weight [{n}, {k}] needs N a multiple of {TILE} and K of the group "
                          f"{group} (one of {GROUPS})")
-    if not bool((scales > 0).all()):
-        raise ValueError("to_grouped_int4: scales must be positive")
+    if not bool((torch.isfinite(scales) & (scales.to(torch.bfloat16) != 0)).all()):
+        raise ValueError("to_grouped_int4: scales must be finite and nonzero in bfloat16")
     packed, units = [], []
     for start in range(0, n, ROWS_PER_BLOCK):
         unit = scales[start:start + ROWS_PER_BLOCK].to(torch.bfloat16)

@@ -1,16 +1,21 @@
-"""``gdn::fit_int4_scales``: the search for each group's 4-bit scale that ``8da4w``'s export runs on every weight.
+"""``gdn::fit_int4_scales``: the search for each group's 4-bit scale that the 4-bit exports run on every weight.
 
     gdn::fit_int4_scales(Tensor weight, int group_size, float[] divisors) -> Tensor
         weight [rows, columns] float32, columns a multiple of group_size
         -> scales [rows, columns / group_size] float32
 
-Per group of ``group_size`` weights along a row, the positive scale ``s`` whose
-symmetric int4 rounding ``clamp(round(w / s), -8, 7) * s`` has the least squared
-error among those tried: each candidate starts from the group's largest
-magnitude over one of ``divisors`` and is refined twice by least squares for its
-rounding (the scale that best fits ``w`` by ``q * s`` given ``q``); an all-zero
-rounding or a non-positive fit keeps the scale it had, and the first of equal
-errors wins. ``gdn_export.quantize.fit_int4_scales`` says why this search.
+Per group of ``group_size`` weights along a row, the scale ``s`` whose
+int4 rounding ``clamp(round(w / s), -8, 7) * s`` has the least squared
+error among those tried: each candidate starts from one of ``divisors`` and is
+refined twice by least squares for its rounding (the scale that best fits ``w``
+by ``q * s`` given ``q``); an all-zero rounding or a fit of the other sign keeps
+the scale it had, and the first of equal errors wins. A positive divisor ``d``
+starts from the positive scale ``largest / d``, ``largest`` the group's largest
+magnitude; a negative one from ``extreme / d``, ``extreme`` the group's (first)
+weight of that magnitude, a scale of the other sign that rounds ``extreme`` to
+about ``d``: the -8 side of the levels, one level more than the +7 side
+(llama.cpp's Q4_0 scales its blocks so). Positive divisors only give positive
+scales, which XNNPACK needs. ``gdn_export.quantize.fit_int4_scales`` says why this search.
 
 It is an op so the export can run it in C++ (``runtime_ops``: a group at a time
 in registers, where the reference below makes some forty passes of tensor ops
@@ -21,6 +26,8 @@ moves an error or a fit (tests/test_loading.py bounds that).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -40,8 +47,9 @@ def check_fit_inputs(weight, group_size, divisors) -> None:
     if group_size <= 0 or weight.shape[1] % group_size:
         raise ValueError(f"gdn.fit_int4_scales: group_size must be positive and divide the {weight.shape[1]} "
                          f"columns of weight, got {group_size}")
-    if not divisors or any(divisor <= 0 for divisor in divisors):
-        raise ValueError(f"gdn.fit_int4_scales: divisors must be one or more positive numbers, got {list(divisors)}")
+    if not divisors or any(not math.isfinite(divisor) or divisor == 0 for divisor in divisors):
+        raise ValueError(f"gdn.fit_int4_scales: divisors must be one or more finite nonzero numbers, "
+                         f"got {list(divisors)}")
 
 
 def reference_fit_int4_scales(weight: torch.Tensor, group_size: int, divisors) -> torch.Tensor:
@@ -56,17 +64,20 @@ def reference_fit_int4_scales(weight: torch.Tensor, group_size: int, divisors) -
 def _fit_block(weight: torch.Tensor, group_size: int, divisors) -> torch.Tensor:
     rows, columns = weight.shape
     groups = weight.detach().reshape(rows, columns // group_size, group_size)
-    largest = groups.abs().amax(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+    magnitudes = groups.abs()
+    largest = magnitudes.amax(dim=-1).clamp_min(torch.finfo(torch.float32).tiny)
+    # The first weight of the largest magnitude decides the sign (argmax gives the first of equals).
+    extreme = torch.where(groups.gather(-1, magnitudes.argmax(dim=-1, keepdim=True))[..., 0] < 0, -largest, largest)
     levels = torch.empty_like(groups)  # each rounding is written here, in place (the same values, fewer temporaries)
     best_error = best_scale = None
     for divisor in divisors:
-        scale = largest / divisor
+        scale = (largest if divisor > 0 else extreme) / divisor
         for _ in range(2):
             torch.div(groups, scale[..., None], out=levels).round_().clamp_(-8, 7)
             energy = (levels * levels).sum(dim=-1)
             fitted = (groups * levels).sum(dim=-1) / energy.clamp_min(1.0)
-            # An all-zero rounding or a non-positive fit keeps the scale it had.
-            scale = torch.where((energy > 0) & (fitted > 0), fitted, scale)
+            # An all-zero rounding or a fit of the other sign (or zero) keeps the scale it had.
+            scale = torch.where((energy > 0) & (fitted * scale > 0), fitted, scale)
         torch.div(groups, scale[..., None], out=levels).round_().clamp_(-8, 7)
         residual = levels.mul_(scale[..., None]).sub_(groups)
         error = (residual * residual).sum(dim=-1)
