@@ -119,8 +119,8 @@ def export_main(argv=None) -> int:
     parser.add_argument("--quantize", default="none", choices=QUANTIZATIONS,
                         help="linear layers and token embedding: 8da4w (int8 activations, int4 weights in groups of 32, "
                         "the token table in 8 bits, which a tied output head reads as 4-bit weights; xnnpack), 8da4w_avx2 (the "
-                        "same on our own 4-bit kernel, whose scales take either sign, for x86 CPUs with AVX2 and no "
-                        "AVX-512 VNNI; xnnpack), "
+                        "same on our own 4-bit kernel, whose scales take either sign: less KL than 8da4w, and for x86 "
+                        "CPUs, fastest where there is AVX2 and no AVX-512 VNNI; xnnpack), "
                         "8da8w (int8 activations, int8 weights; xnnpack), int8wo (int8 weights, float activations; "
                         "XNNPACK's int8-weight kernels on xnnpack) or 16da8w (int8 weights with a scale per group of 32, "
                         "int16 activations: the 8-bit program closest to fp32, on our kernels; xnnpack)")

@@ -9,17 +9,19 @@
   DeltaNet's gate projections keep 8 bits, as in ``8da8w`` (see below); the
   token table is a two-plane table (``PlanesVocabulary``, below), which a tied
   output head reads as 4-bit weights.
-* ``8da4w_avx2``: the same table, head and groups of 32 for x86 CPUs with AVX2
-  and no AVX-512 VNNI, the linears on our own kernel
-  (``gdn::grouped_int4_linear``, ``GroupedInt4Linear``; int8 activations with
-  one scale a row, no zero point) and the gate projections on
-  ``16da8w``'s. Our kernel takes 4-bit scales of either sign, so a group may
-  put its largest weight on the -8 side (``fit_int4_scales(signed=True)``). There XNNPACK's 4-bit kernels widen both sides to 16 bits, and
-  the 0.8B prefill ran at 1.1x llama.cpp's; ours multiplies bytes
-  (``vpmaddubsw``). Where XNNPACK has byte dot products (AVX-512 VNNI, ARM's
-  dot-product extensions) ``8da4w`` is the faster program: our kernel has
-  x86 loops only, and plain C++ elsewhere (docs/benchmarks.md, run 33). A
-  linear whose outputs the kernel's tiles do not fit stays on XNNPACK.
+* ``8da4w_avx2``: the same table, head and groups of 32, the linears on our
+  own kernel (``gdn::grouped_int4_linear``, ``GroupedInt4Linear``; int8
+  activations with one scale a row, no zero point) and the gate projections on
+  ``16da8w``'s. Made for x86 CPUs with AVX2 and no AVX-512 VNNI: there
+  XNNPACK's 4-bit kernels widen both sides to 16 bits, and the 0.8B prefill
+  ran at 1.1x llama.cpp's; ours multiplies bytes (``vpmaddubsw``). Our kernel
+  also takes 4-bit scales of either sign, so a group may put its largest
+  weight on the -8 side (``fit_int4_scales(signed=True)``): the lower KL of
+  the two 4-bit programs (docs/benchmarks.md, run 36). With AVX-512 VNNI the
+  two programs run level (run 33). On ARM, where XNNPACK has dot-product
+  kernels, ``8da4w`` is the program: ours has x86 loops only, and plain C++
+  elsewhere. A linear whose outputs the kernel's tiles do not fit stays on
+  XNNPACK.
 * ``8da8w``: the same with int8 weights, one scale per output channel: the
   8-bit program, on XNNPACK's int8 kernels.
 * ``int8wo``: int8 weights with one scale per output channel, activations in
