@@ -55,7 +55,7 @@ void fit_lanes(const float* weight, int64_t first, int64_t total, int64_t group,
       for (int64_t l = 0; l < kLanes; ++l) {
         const float fitted = product[l] / std::max(energy[l], 1.0f);
         // An all-zero rounding or a fit of the other sign (or zero) keeps the scale it had.
-        scale[l] = energy[l] > 0.0f && fitted * scale[l] > 0.0f ? fitted : scale[l];
+        scale[l] = energy[l] > 0.0f && fitted != 0.0f && (fitted > 0.0f) == (scale[l] > 0.0f) ? fitted : scale[l];
       }
     }
     for (int64_t l = 0; l < kLanes; ++l) error[l] = 0.0f;

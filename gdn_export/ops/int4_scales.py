@@ -14,8 +14,8 @@ starts from the positive scale ``largest / d``, ``largest`` the group's largest
 magnitude; a negative one from ``extreme / d``, ``extreme`` the group's (first)
 weight of that magnitude, a scale of the other sign that rounds ``extreme`` to
 about ``d``: the -8 side of the levels, one level more than the +7 side
-(llama.cpp's Q4_0 scales its blocks so). Positive divisors only give positive
-scales, which XNNPACK needs. ``gdn_export.quantize.fit_int4_scales`` says why this search.
+(llama.cpp's Q4_0 scales its blocks so). Positive divisors alone give positive
+scales only, which XNNPACK needs. ``gdn_export.quantize.fit_int4_scales`` says why this search.
 
 It is an op so the export can run it in C++ (``runtime_ops``: a group at a time
 in registers, where the reference below makes some forty passes of tensor ops
@@ -77,7 +77,7 @@ def _fit_block(weight: torch.Tensor, group_size: int, divisors) -> torch.Tensor:
             energy = (levels * levels).sum(dim=-1)
             fitted = (groups * levels).sum(dim=-1) / energy.clamp_min(1.0)
             # An all-zero rounding or a fit of the other sign (or zero) keeps the scale it had.
-            scale = torch.where((energy > 0) & (fitted * scale > 0), fitted, scale)
+            scale = torch.where((energy > 0) & (fitted != 0) & ((fitted > 0) == (scale > 0)), fitted, scale)
         torch.div(groups, scale[..., None], out=levels).round_().clamp_(-8, 7)
         residual = levels.mul_(scale[..., None]).sub_(groups)
         error = (residual * residual).sum(dim=-1)
