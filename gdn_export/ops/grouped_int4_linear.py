@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from gdn_export.ops.grouped_int8_linear import (  # noqa: F401  (fits: this format's too)
-    GROUPS, ROWS_PER_BLOCK, TILE, define_grouped_linear, fits)
+    GROUPS, ROWS_PER_BLOCK, TILE, checked_group, define_grouped_linear, fits, round_to_levels)
 
 RUN = 32  # bytes a run: TILE channels x 4 inputs, two codes a byte
 CODE_OFFSET = 8  # a code c stands for c - 8
@@ -47,22 +47,13 @@ def check_weight(weight, scales) -> tuple[int, int, int]:
     tiles, runs = weight.shape[0], weight.shape[1]
     if weight.shape[2] != RUN:
         raise ValueError(f"gdn.grouped_int4_linear: weight must be [N / {TILE}, K / 4, {RUN}], got {list(weight.shape)}")
-    groups = scales.shape[1]
     k = 4 * runs
-    if (scales.shape[0] != tiles or scales.shape[2] != TILE or groups == 0 or k % groups
-            or k // groups not in GROUPS):
-        raise ValueError(f"gdn.grouped_int4_linear: scales must be [{tiles}, K / group, {TILE}] with K = {k} and "
-                         f"group one of {GROUPS}, got {list(scales.shape)}")
-    return TILE * tiles, k, k // groups
+    return TILE * tiles, k, checked_group("grouped_int4_linear", scales, tiles, k)
 
 
 def round_activations(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as the kernel reads it: int8 with one max-abs scale along the last dim, each value times the
-    scale's float32 reciprocal rounded to the nearest (ties to even), so the kernel's integers are these."""
-    x = x.float()
-    scale = x.abs().amax(-1, keepdim=True) / 127
-    inverse = torch.where(scale > 0, 1 / torch.where(scale > 0, scale, 1), 0)
-    return torch.round(x * inverse).clamp(-127, 127) * scale
+    """``x`` as the kernel reads it: int8 (``round_to_levels``)."""
+    return round_to_levels(x, 127)
 
 
 def codes(weight: torch.Tensor, start: int = 0, stop=None) -> torch.Tensor:

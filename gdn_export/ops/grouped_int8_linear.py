@@ -45,22 +45,34 @@ def check_weight(weight, scales) -> tuple[int, int, int]:
     if tuple(weight.shape[2:]) != (TILE, 2):
         raise ValueError(f"gdn.grouped_int8_linear: weight must be [N / {TILE}, K / 2, {TILE}, 2], "
                          f"got {list(weight.shape)}")
-    groups = scales.shape[1]
     k = 2 * pairs
+    return TILE * tiles, k, checked_group("grouped_int8_linear", scales, tiles, k)
+
+
+def checked_group(name: str, scales: torch.Tensor, tiles: int, k: int) -> int:
+    """The group size of a grouped format's ``scales`` [tiles, K / group, 16] (this module's and
+    ``grouped_int4_linear``'s); ValueError naming the argument otherwise."""
+    groups = scales.shape[1]
     if (scales.shape[0] != tiles or scales.shape[2] != TILE or groups == 0 or k % groups
             or k // groups not in GROUPS):
-        raise ValueError(f"gdn.grouped_int8_linear: scales must be [{tiles}, K / group, {TILE}] with K = {k} and "
+        raise ValueError(f"gdn.{name}: scales must be [{tiles}, K / group, {TILE}] with K = {k} and "
                          f"group one of {GROUPS}, got {list(scales.shape)}")
-    return TILE * tiles, k, k // groups
+    return k // groups
+
+
+def round_to_levels(x: torch.Tensor, largest: int) -> torch.Tensor:
+    """``x`` rounded as a grouped kernel reads it: integers in [-largest, largest] with one max-abs scale along
+    the last dim, each value times the scale's float32 reciprocal rounded to the nearest (ties to even), so
+    the kernel's integers are these."""
+    x = x.float()
+    scale = x.abs().amax(-1, keepdim=True) / largest
+    inverse = torch.where(scale > 0, 1 / torch.where(scale > 0, scale, 1), 0)
+    return torch.round(x * inverse).clamp(-largest, largest) * scale
 
 
 def round_activations(x: torch.Tensor) -> torch.Tensor:
-    """``x`` as the kernel reads it: int16 with one max-abs scale along the last dim, each value times the
-    scale's float32 reciprocal rounded to the nearest (ties to even), so the kernel's integers are these."""
-    x = x.float()
-    scale = x.abs().amax(-1, keepdim=True) / 32767
-    inverse = torch.where(scale > 0, 1 / torch.where(scale > 0, scale, 1), 0)
-    return torch.round(x * inverse).clamp(-32767, 32767) * scale
+    """``x`` as the kernel reads it: int16 (``round_to_levels``)."""
+    return round_to_levels(x, 32767)
 
 
 def float_weight(weight, scales, start: int = 0, stop=None) -> torch.Tensor:
