@@ -1,4 +1,4 @@
-"""gdn-bench: one subcommand per target (cpu, cuda, metal, linear, e2e); each prints its tables against anchors timed in the same run.
+"""gdn-bench: one subcommand per target (cpu, cuda, metal, linear, pages, e2e); each prints its tables against anchors timed in the same run.
 
 Each subcommand lives in its own module of this package exposing
 ``add_arguments(parser)`` and ``run(args) -> int``, so a benchmark's
@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "cuda": ("gdn_bench.cuda", "the Triton kernels vs fla-core and ExecuTorch's kernels (GPU)"),
     "metal": ("gdn_bench.metal", "the Metal kernels vs the reference (macOS)"),
     "linear": ("gdn_bench.linear", "8da4w_avx2's 4-bit linear (ours) vs 8da4w's (XNNPACK's), same weights"),
+    "pages": ("gdn_bench.pages", "a program's decode step from its mapped file vs from 2 MiB pages (gdn-run's loading)"),
     "e2e": ("gdn_bench.e2e_cli", "a Qwen3.5-shaped .pte end to end: 0.8B on CPU vs transformers, ExecuTorch's own flow "
                              "and llama.cpp; --device cuda: 0.8B and 4B vs transformers + fla-core"),
 }

@@ -178,7 +178,8 @@ def help_entries(text: str) -> dict:
 
 
 @pytest.mark.parametrize("command", [["export_qwen35"], ["gdn-run"], ["gdn-bench"], ["gdn-bench", "cpu"],
-                                     ["gdn-bench", "cuda"], ["gdn-bench", "metal"], ["gdn-bench", "e2e"]])
+                                     ["gdn-bench", "cuda"], ["gdn-bench", "metal"], ["gdn-bench", "e2e"],
+                                     ["gdn-bench", "linear"], ["gdn-bench", "pages"]])
 def test_help_explains_every_option_once_without_markup(command, capsys, monkeypatch):
     from gdn_bench.cli import main as bench_main
     from gdn_export.cli import export_main

@@ -15,7 +15,8 @@
 // at a time until an id from get_eos_ids, --max-new-tokens or the end of the
 // context (get_max_context_len). Text streams to stdout as it is generated;
 // timings go to stderr. --runs repeats the whole generation from position 0
-// in the same process (benchmarks: the first run pays for lazy loading).
+// in the same process (benchmarks: the first run pays for lazy loading). On Linux the program is read onto
+// 2 MiB pages where the kernel gives them on request (HugePageCopy), else mapped from its file.
 
 #include <algorithm>
 #include <array>
@@ -35,7 +36,11 @@
 #include <vector>
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <executorch/extension/data_loader/buffer_data_loader.h>
 #include <executorch/extension/module/module.h>
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/backend/options.h>
@@ -245,13 +250,87 @@ void load_backend_library(const std::string& path) {
   }
 }
 
+// A program file's bytes in memory that Linux was asked to back with 2 MiB pages before they were written. A
+// decode step streams every weight of the program; mapped from its file in 4 KiB pages, each page costs a TLB
+// entry (gdn_export/runner.py's read_onto_huge_pages, the Python runner's twin, says what it measured). None
+// where Linux backs none: then Module maps the file.
+class HugePageCopy {
+ public:
+  static std::unique_ptr<HugePageCopy> read(const std::string& path) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    std::FILE* mode = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (mode == nullptr) return nullptr;
+    char text[128] = {};
+    const size_t got = std::fread(text, 1, sizeof(text) - 1, mode);
+    std::fclose(mode);
+    if (got == 0 || std::string(text).find("[never]") != std::string::npos) return nullptr;
+    struct stat info {};
+    if (stat(path.c_str(), &info) != 0 || info.st_size <= 0) return nullptr;  // Module names the problem
+    std::unique_ptr<HugePageCopy> copy(new HugePageCopy(static_cast<size_t>(info.st_size)));
+    if (copy->data_ == nullptr) return nullptr;
+    const int file = open(path.c_str(), O_RDONLY);
+    if (file < 0) return nullptr;
+    size_t filled = 0;
+    while (filled < copy->size_) {
+      const ssize_t count = ::read(file, copy->data_ + filled, copy->size_ - filled);
+      if (count <= 0) {
+        close(file);
+        throw ProgramError("--model " + path + ": reading it stopped at byte " + std::to_string(filled) + " of " +
+                           std::to_string(copy->size_));
+      }
+      filled += static_cast<size_t>(count);
+    }
+    close(file);
+    return copy;
+#else
+    (void)path;
+    return nullptr;
+#endif
+  }
+
+  ~HugePageCopy() {
+    if (mapping_ != MAP_FAILED) munmap(mapping_, mapped_);
+  }
+  const void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  static constexpr size_t kHugePage = size_t(2) << 20;
+
+  // An anonymous mapping a huge page longer than the bytes, so that they can start on a huge page boundary.
+  explicit HugePageCopy(size_t size) : size_(size), mapped_((size + kHugePage - 1) / kHugePage * kHugePage + kHugePage) {
+    mapping_ = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapping_ == MAP_FAILED) return;
+    const uintptr_t start = (reinterpret_cast<uintptr_t>(mapping_) + kHugePage - 1) / kHugePage * kHugePage;
+    if (madvise(reinterpret_cast<void*>(start), mapped_ - kHugePage, MADV_HUGEPAGE) != 0) return;
+    data_ = reinterpret_cast<uint8_t*>(start);
+  }
+
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  size_t mapped_ = 0;
+  void* mapping_ = MAP_FAILED;
+};
+
+// The program from its huge-page copy where there is one, else mapped from its file (with the .ptd beside it).
+std::unique_ptr<Module> open_module(const std::string& model_path, const std::string& data_path,
+                                    const HugePageCopy* copy) {
+  if (copy != nullptr) {
+    return std::make_unique<Module>(
+        std::make_unique<executorch::extension::BufferDataLoader>(copy->data(), copy->size()));
+  }
+  return data_path.empty() ? std::make_unique<Module>(model_path, Module::LoadMode::Mmap)
+                           : std::make_unique<Module>(model_path, data_path, Module::LoadMode::Mmap);
+}
+
 // The step methods of a program and where in its context the sequence stands.
 class LlmProgram {
  public:
   LlmProgram(const std::string& model_path, const std::string& data_path, bool cuda_graph = false)
       : model_path_(model_path),
-        module_(data_path.empty() ? std::make_unique<Module>(model_path, Module::LoadMode::Mmap)
-                                  : std::make_unique<Module>(model_path, data_path, Module::LoadMode::Mmap)) {
+        // A CUDA program's weights are in its .ptd, which CudaBackend copies to the GPU: its .pte is mapped.
+        program_bytes_(data_path.empty() ? HugePageCopy::read(model_path) : nullptr),
+        module_(open_module(model_path, data_path, program_bytes_.get())) {
     check(module_->load(), "loading the program");
     auto names = module_->method_names();
     check(names.error(), "listing its methods");
@@ -415,6 +494,7 @@ class LlmProgram {
   }
 
   std::string model_path_;
+  std::unique_ptr<HugePageCopy> program_bytes_;  // before module_: outlives the program that runs from it
   std::unique_ptr<Module> module_;
   std::set<std::string> method_names_;
   int64_t max_chunk_ = 1;
