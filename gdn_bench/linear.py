@@ -7,7 +7,12 @@ once with each layer a ``GroupedInt4Linear`` (``gdn::grouped_int4_linear``), onc
 with torchao's ``IntxUnpackedToInt8Tensor`` lowered to XNNPACK (what 8da4w runs on,
 and what ExecuTorch's own llama export makes), each with the same 4-bit
 codes and positive scales (``fit_int4_scales``'). The two take turns, round after round, on
-the same inputs: 1 row is a decode step's products, more a prompt's.
+the same inputs: 1 row is a decode step's products, more a prompt's. At 1 row a third turn
+reads the same bytes and computes nothing (``read_layers``): the pace of the memory for
+this pattern of reads, measured in the same rounds. The programs are loaded as gdn-run
+loads them, onto 2 MiB pages where Linux gives them (``gdn_export.runner.read_onto_huge_pages``);
+XNNPACK repacks its weights into memory of its own, and the read's copies are torch
+tensors, on the pages malloc gives.
 
 ``--hide-avx512`` times them as an AVX2-only x86 runs them (gdn_bench/README.md).
 """
@@ -16,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -86,6 +93,20 @@ def quantized_chains(layers: list) -> tuple[nn.Module, nn.Module]:
     return Chain(ours).eval(), Chain(theirs).eval()
 
 
+def layer_bytes(chain: nn.Module) -> list:
+    """Per layer of our chain, its codes and scales copied into one flat int64 tensor: the bytes a one-row call
+    of that layer reads."""
+    return [torch.cat([layer.weight.flatten().view(torch.uint8), layer.scales.flatten().view(torch.uint8)])
+            .view(torch.int64) for layer in chain.layers]
+
+
+def read_layers(buffers: list) -> int:
+    """Reads every byte once, layer after layer, as a decode step's calls do, computing nothing but a sum (one
+    torch sum a layer, on torch's threads; exact modulo 2**64). Each layer costs a Python call besides, a few
+    microseconds, so the read is if anything slower than the memory alone."""
+    return sum(int(buffer.sum()) for buffer in buffers)
+
+
 def lowered(module: nn.Module, hidden: int, most_rows: int):
     """``module`` as a loaded ExecuTorch method (XNNPACK partitioner; our op stays outside it), and the program
     object the method reads from, which must stay alive beside it."""
@@ -97,24 +118,34 @@ def lowered(module: nn.Module, hidden: int, most_rows: int):
     exported = torch.export.export(module, (torch.randn(1, 2, hidden),), dynamic_shapes=({1: rows},))
     program = to_edge_transform_and_lower(exported, partitioner=[XnnpackPartitioner()],
                                           compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch()
-    loaded = Runtime.get().load_program(program.buffer)
-    return loaded.load_method("forward"), (program, loaded)
+    from gdn_export.runner import read_onto_huge_pages
+
+    # As gdn-run loads a program: from its file, onto 2 MiB pages where Linux gives them.
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "chain.pte"
+        path.write_bytes(program.buffer)
+        on_huge_pages = read_onto_huge_pages(path)
+        loaded = Runtime.get().load_program(path if on_huge_pages is None else on_huge_pages)
+        method = loaded.load_method("forward")
+    return method, (program, loaded)
 
 
 def measure(args) -> dict:
     """``{rows: {"ours": ms, "xnnpack": ms, "error": relative distance of the two outputs}}``, medians of
-    ``args.rounds`` turns."""
+    ``args.rounds`` turns; at 1 row also ``"read"``: ms of ``read_layers`` over the same bytes."""
     from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
 
     import gdn_export  # noqa: F401  (our kernels, in the programs' runtime)
 
     _unsafe_reset_threadpool(args.threads)
+    torch.set_num_threads(args.threads)
     layers = float_chain(args.pairs, args.hidden, args.intermediate, args.seed)
     ours, theirs = quantized_chains(layers)
     methods, alive = {}, []
     for name, module in (("ours", ours), ("xnnpack", theirs)):
         methods[name], keep = lowered(module, args.hidden, max(args.rows))
         alive.append(keep)
+    buffers = layer_bytes(ours)
     generator = torch.Generator().manual_seed(args.seed + 1)
     results = {}
     for rows in args.rows:
@@ -122,12 +153,15 @@ def measure(args) -> dict:
         outputs = {name: method.execute([x])[0] for name, method in methods.items()}  # and a first, untimed call
         error = ((outputs["ours"] - outputs["xnnpack"]).norm() / outputs["xnnpack"].norm()).item()
         calls = max(1, 16 // rows)
-        times = {name: [] for name in methods}
+        turns = {name: (lambda method=method: method.execute([x])) for name, method in methods.items()}
+        if rows == 1:
+            turns["read"] = lambda: read_layers(buffers)
+        times = {name: [] for name in turns}
         for _ in range(args.rounds):
-            for name, method in methods.items():
+            for name, turn in turns.items():
                 started = time.perf_counter()
                 for _ in range(calls):
-                    method.execute([x])
+                    turn()
                 times[name].append(1e3 * (time.perf_counter() - started) / calls)
         results[rows] = {name: statistics.median(values) for name, values in times.items()}
         results[rows]["error"] = error
@@ -140,14 +174,16 @@ def report(results: dict, args) -> str:
              f"{args.hidden}, {weights / 1e6:.0f}M 4-bit weights in groups of 32), {args.threads} threads, medians "
              f"of {args.rounds} alternated turns:", "",
              "| rows | ours ms | XNNPACK ms | ours / XNNPACK speed | ours GB/s of codes and scales | "
-             "ours GMAC/s | outputs' relative distance (the two int8 roundings, compounded over the chain) |",
-             "|---|---|---|---|---|---|---|"]
+             "ours GMAC/s | plain read of the same bytes ms | ours' pace / the read's | "
+             "outputs' relative distance (the two int8 roundings, compounded over the chain) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for rows, entry in results.items():
         bytes_read = weights * (0.5 + 2 / 32)
         # One row reads every weight for few products: its pace is the memory's. More rows reuse each read.
         pace = f"{bytes_read / entry['ours'] / 1e6:.1f}" if rows == 1 else "-"
+        read = (f"{entry['read']:.2f} | {entry['read'] / entry['ours']:.2f}" if "read" in entry else "- | -")
         lines.append(f"| {rows} | {entry['ours']:.2f} | {entry['xnnpack']:.2f} | {entry['xnnpack'] / entry['ours']:.2f}x "
-                     f"| {pace} | {rows * weights / entry['ours'] / 1e6:.0f} | {entry['error']:.1e} |")
+                     f"| {pace} | {rows * weights / entry['ours'] / 1e6:.0f} | {read} | {entry['error']:.1e} |")
     return "\n".join(lines)
 
 
