@@ -301,9 +301,11 @@ class HugePageCopy {
   explicit HugePageCopy(size_t size) : size_(size), mapped_((size + kHugePage - 1) / kHugePage * kHugePage + kHugePage) {
     mapping_ = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mapping_ == MAP_FAILED) return;
+#if defined(MADV_HUGEPAGE)
     const uintptr_t start = (reinterpret_cast<uintptr_t>(mapping_) + kHugePage - 1) / kHugePage * kHugePage;
     if (madvise(reinterpret_cast<void*>(start), mapped_ - kHugePage, MADV_HUGEPAGE) != 0) return;
     data_ = reinterpret_cast<uint8_t*>(start);
+#endif
   }
 
   uint8_t* data_ = nullptr;
