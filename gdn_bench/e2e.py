@@ -438,6 +438,18 @@ class ExecuTorchFlowSession:
         return logits.reshape(-1, logits.shape[-1])[-1]
 
 
+def timed_decode_steps(session, logits, steps: int) -> tuple:
+    """Decode ``steps`` tokens greedily from ``logits``, each one-token feed timed: ``(the last logits, ms a step,
+    the tokens)``."""
+    tokens, times = [], []
+    for _ in range(steps):
+        tokens.append(int(logits.argmax()))
+        started = time.perf_counter()
+        logits = session.feed(tokens[-1:])
+        times.append(1e3 * (time.perf_counter() - started))
+    return logits, times, tokens
+
+
 def time_session(session, plan: Plan) -> dict:
     """Prefill tok/s per prompt length (one feed after reset) and decode tok/s (median single-token step)."""
     generator = torch.Generator().manual_seed(plan.seed)
@@ -461,11 +473,7 @@ def time_session(session, plan: Plan) -> dict:
         log(f"  prefill {length}: {seconds:.2f} s, {length / seconds:.1f} tok/s")
         if index == 0:
             # Decode right after the first prompt, greedily, as generation does.
-            for _ in range(plan.decode_steps):
-                token = int(logits.argmax())
-                started = time.perf_counter()
-                logits = session.feed([token])
-                decode_steps_ms.append(1e3 * (time.perf_counter() - started))
+            logits, decode_steps_ms, _ = timed_decode_steps(session, logits, plan.decode_steps)
             median = statistics.median(decode_steps_ms)
             log(f"  decode {plan.decode_steps} steps after {length}: median {median:.1f} ms, {1e3 / median:.2f} tok/s")
     if not all(math.isfinite(float(v)) for v in logits.float()[:8]):
@@ -769,12 +777,7 @@ def decode_turns(system: str, artifact: str, plan: Plan, connection) -> None:
         if from_prompt:
             session.reset()
             logits = session.feed(prompt)
-        times = []
-        for _ in range(steps):
-            token = int(logits.argmax())
-            started = time.perf_counter()
-            logits = session.feed([token])
-            times.append(1e3 * (time.perf_counter() - started))
+        logits, times, _ = timed_decode_steps(session, logits, steps)
         connection.send(times)
 
 

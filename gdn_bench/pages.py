@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -35,7 +34,7 @@ LOADINGS = {"mapped": False, "huge pages": True}  # name: ProgramRunner's huge_p
 def measure(args) -> dict:
     """``{"mapped": [ms a step, a turn each round], "huge pages": [...], "tokens": {loading: greedy tokens of the
     first turn}}``."""
-    from gdn_bench.e2e import use_threads
+    from gdn_bench.e2e import timed_decode_steps, use_threads
     from gdn_export.runner import ProgramRunner
 
     use_threads("ours", args.threads)
@@ -55,13 +54,7 @@ def measure(args) -> dict:
         for name in order:
             runner = runners[name]
             runner.reset()
-            logits = runner.feed(prompt)
-            tokens, steps = [], []
-            for _ in range(args.steps):
-                tokens.append(int(logits.argmax()))
-                started = time.perf_counter()
-                logits = runner.feed(tokens[-1:])
-                steps.append(1e3 * (time.perf_counter() - started))
+            _, steps, tokens = timed_decode_steps(runner, runner.feed(prompt), args.steps)
             results[name].append(statistics.median(steps))
             results["tokens"].setdefault(name, tokens)
     return results
