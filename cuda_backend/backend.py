@@ -68,9 +68,10 @@ class CudaTritonBackend(Backend):
         ``gdn_cuda::decode_gated_delta_net`` (``DecodeGatedDeltaNet``), full-attention layers theirs through
         ``gdn_cuda::decode_attention_inputs`` (``DecodeGatedAttention``)."""
         from cuda_backend.attention import DecodeGatedAttention
-        from cuda_backend.linear import DecodeLinear, GatedMLP, ResidualInProducts, output_projection, take_input_norm
+        from cuda_backend.linear import DecodeLinear, GatedMLP
         from cuda_backend.recurrence import DecodeGatedDeltaNet
         from gdn_export.models.qwen35 import DecoderLayer, GatedAttention, GatedDeltaNet
+        from gdn_export.passes.layer_fusion import ResidualInProducts, output_projection, take_input_norm
         from gdn_export.passes.linear_groups import LinearGroup
 
         for layer in model.modules():
@@ -79,9 +80,9 @@ class CudaTritonBackend(Backend):
             mixer = layer.linear_attn if hasattr(layer, "linear_attn") else layer.self_attn
             groups = [child for child in mixer.children() if isinstance(child, LinearGroup)]
             if len(groups) == 1:
-                take_input_norm(layer, "input_layernorm", groups[0].projection)
+                take_input_norm(layer, "input_layernorm", [groups[0].projection])
             if isinstance(layer.mlp, GatedMLP):
-                take_input_norm(layer, "post_attention_layernorm", layer.mlp.gate_up_proj)
+                take_input_norm(layer, "post_attention_layernorm", [layer.mlp.gate_up_proj])
             if isinstance(output_projection(mixer), DecodeLinear):
                 layer.__class__ = ResidualInProducts
             # rewrite merged each mixer's projections, made its output projection a DecodeLinear and (attention)

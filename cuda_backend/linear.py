@@ -11,14 +11,10 @@ the matrix products AOTInductor tunes.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.fx.experimental.symbolic_shapes import guard_or_false
-
-from gdn_export.models.qwen35 import LINEAR_ATTENTION, DecoderLayer
 
 
 def one_token(x) -> bool:
@@ -29,9 +25,10 @@ def one_token(x) -> bool:
 class DecodeLinear(nn.Linear):
     """An ``nn.Linear`` (the same parameters, under the same names) whose one-token calls take the decode kernel.
 
-    ``input_norm`` (None, or an RMSNorm that ``take_input_norm`` moved here): the layer's input is that norm of
-    its argument, which the decode kernel computes itself. ``residual`` (None, or a tensor that
-    ``ResidualInProducts`` sets for the length of one call): added to the output, at one token by the kernel.
+    ``input_norm`` (None, or an RMSNorm that ``gdn_export.passes.layer_fusion.take_input_norm`` moved here): the
+    layer's input is that norm of its argument, which the decode kernel computes itself. ``residual`` (None, or a
+    tensor that ``layer_fusion.ResidualInProducts`` sets for the length of one call): added to the output, at one
+    token by the kernel.
     """
 
     residual = None
@@ -58,25 +55,6 @@ class DecodeLinear(nn.Linear):
         return output if residual is None else output + residual
 
 
-class NormTakenByItsConsumer(nn.Module):
-    """Where a decoder layer's RMSNorm stood once ``take_input_norm`` moved it into the one layer that reads
-    its output: the input passes through, and that layer normalizes it (at one token, inside its kernel)."""
-
-    def forward(self, x):
-        return x
-
-
-def take_input_norm(owner: nn.Module, norm_name: str, consumer: DecodeLinear) -> None:
-    """Move ``owner``'s RMSNorm ``norm_name`` into ``consumer``, the one layer that reads its output.
-
-    The caller vouches for "the one layer": every use of the norm's output must be ``consumer``'s input
-    (a merged group's projection, which its members slice)."""
-    if consumer.input_norm is not None:
-        raise ValueError(f"take_input_norm: the layer already normalizes its input ({consumer.input_norm})")
-    consumer.input_norm = getattr(owner, norm_name)
-    setattr(owner, norm_name, NormTakenByItsConsumer())
-
-
 class GatedMLP(nn.Module):
     """Qwen3.5's MLP, down(silu(gate(x)) * up(x)), with gate and up as one product (``gate_up_proj``) and, at
     one token, silu(gate) * up computed inside the down projection's kernel as it loads its input: one launch
@@ -96,35 +74,3 @@ class GatedMLP(nn.Module):
                                                     residual=self.down_proj.residual)
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
-
-
-@contextlib.contextmanager
-def _adding(projection: DecodeLinear, residual: torch.Tensor):
-    """``projection`` adds ``residual`` to its output for the calls made inside."""
-    projection.residual = residual
-    try:
-        yield
-    finally:
-        del projection.residual  # back to the class's None
-
-
-def output_projection(mixer: nn.Module) -> nn.Module:
-    """The product that ends a token mixer: Gated DeltaNet's ``out_proj``, attention's ``o_proj``."""
-    return mixer.out_proj if hasattr(mixer, "out_proj") else mixer.o_proj
-
-
-class ResidualInProducts(DecoderLayer):
-    """A decoder layer whose residual adds happen in the products that end its mixer and its MLP
-    (``DecodeLinear.residual``): at one token, each add is no kernel of its own. A sparse MoE's sum of experts
-    is no one product, so its add stays. ``CudaTritonBackend.finish_rewrite`` gives layers this class."""
-
-    def forward(self, x, positions, cos, sin, mask):
-        linear = self.layer_type == LINEAR_ATTENTION
-        mixer = self.linear_attn if linear else self.self_attn
-        normed = self.input_layernorm(x)
-        with _adding(output_projection(mixer), x):
-            x = mixer(normed, positions) if linear else mixer(normed, positions, cos, sin, mask)
-        if not isinstance(self.mlp, GatedMLP):
-            return x + self.mlp(self.post_attention_layernorm(x))
-        with _adding(self.mlp.down_proj, x):
-            return self.mlp(self.post_attention_layernorm(x))

@@ -175,9 +175,18 @@ class Quantizer:
 
 class GroupedLinear(nn.Module):
     """A linear on one of our grouped-weight ops (``FORMAT``, a module of ``gdn_export.ops`` and the op it
-    defines): the weight's codes and scales in the op's tiles, one group size."""
+    defines): the weight's codes and scales in the op's tiles, one group size.
+
+    Like CUDA's decode linear it can take a decoder layer's work around it (``gdn_export.passes.layer_fusion``):
+    ``input_norm`` (None, or the RMSNorm that reads its input, moved here), ``gated_input`` (its input is an
+    MLP's gate and up side by side, of which it reads silu(gate) * up) and ``residual`` (None, or a tensor set
+    for the length of one call), which the op computes through its ``norm_weight``, ``gated`` and ``residual``
+    arguments on float32 inputs. On others (a bfloat16 model in eager mode) they run as the model runs them,
+    rounding where it rounds."""
 
     FORMAT = ""
+    residual = None
+    gated_input = False
 
     @classmethod
     def _format(cls):
@@ -188,6 +197,7 @@ class GroupedLinear(nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("scales", scales)
         self.bias = bias
+        self.register_module("input_norm", None)
 
     @classmethod
     def stacked(cls, linears: list, bias: Optional[torch.Tensor]) -> "GroupedLinear":
@@ -200,8 +210,25 @@ class GroupedLinear(nn.Module):
         return stacked
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        output = getattr(torch.ops.gdn, self.FORMAT)(x.float(), self.weight, self.scales).to(x.dtype)
-        return output if self.bias is None else output + self.bias
+        norm, residual = self.input_norm, self.residual
+        fused = {}
+        if norm is not None:
+            if x.dtype == torch.float32:
+                fused.update(norm_weight=norm.weight.float(), norm_eps=norm.eps)
+            else:
+                x = norm(x)
+        if self.gated_input:
+            if x.dtype == torch.float32:
+                fused["gated"] = True
+            else:
+                gate, up = x.chunk(2, dim=-1)
+                x = F.silu(gate) * up
+        # The bias first, then the residual, as the model adds them.
+        if residual is not None and self.bias is None and x.dtype == residual.dtype == torch.float32:
+            fused["residual"], residual = residual, None
+        output = getattr(torch.ops.gdn, self.FORMAT)(x.float(), self.weight, self.scales, **fused).to(x.dtype)
+        output = output if self.bias is None else output + self.bias
+        return output if residual is None else output + residual
 
 
 class GroupedInt8Linear(GroupedLinear):

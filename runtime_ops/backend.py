@@ -100,12 +100,17 @@ class XnnpackBackend(CpuBackend):
         return [tuple(names) for names in kinds.values() if len(names) > 1]
 
     def finish_rewrite(self, model: nn.Module) -> None:
-        """The norms' means in the form XNNPACK delegates (``runtime_ops.norms``): fewer, larger partitions; int8wo's
-        biases added after their linears, which XNNPACK then takes (``runtime_ops.xnnpack_weight_only``)."""
+        """Each decoder layer's norms and residual adds into its grouped linears where those read and end its
+        mixer and MLP (``16da8w``, ``8da4w_avx2``; ``gdn_export.passes.layer_fusion``): each was a delegate call
+        of a few XNNPACK ops. The other norms' means in the form XNNPACK delegates (``runtime_ops.norms``):
+        fewer, larger partitions; int8wo's biases added after their linears, which XNNPACK then takes
+        (``runtime_ops.xnnpack_weight_only``)."""
+        from gdn_export.passes.layer_fusion import fuse_norms_and_residuals
         from runtime_ops.norms import pool_norm_means
         from runtime_ops.xnnpack_weight_only import biases_added_after
 
         super().finish_rewrite(model)
+        fuse_norms_and_residuals(model)
         pool_norm_means(model)
         biases_added_after(model)
 

@@ -47,6 +47,25 @@ inline float max_magnitude(const float* x, int64_t n) {
   return largest;
 }
 
+// y = x * (1 / sqrt(mean(x²) + eps)) * (1 + weight) over one row of n values: Qwen3.5's RMSNorm (zero-centered
+// weight), as a grouped linear normalizes its input (gdn_export/ops/grouped_int8_linear.py). The squares are summed
+// in lanes of vectors, so the last bits may differ from torch's order.
+inline void rms_norm_row(const float* x, int64_t n, const float* weight, float eps, float* y) {
+  Vec lanes = Vec{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const Vec v = load(x + i);
+    lanes += v * v;
+  }
+  float sum = 0.0f;
+  for (int l = 0; l < kLanes; ++l) sum += lanes[l];
+  for (; i < n; ++i) sum += x[i] * x[i];
+  const float inverse = 1.0f / __builtin_sqrtf(sum / float(n) + eps);
+  i = 0;
+  for (; i + kLanes <= n; i += kLanes) store(y + i, load(x + i) * inverse * (load(weight + i) + 1.0f));
+  for (; i < n; ++i) y[i] = x[i] * inverse * (weight[i] + 1.0f);
+}
+
 // exp on a vector (Cephes-style range reduction, ~2 ulp); arguments are
 // clamped to [-87, 88] so the result stays a normal float.
 inline Vec vector_exp(Vec x) {
@@ -66,6 +85,21 @@ inline Vec vector_exp(Vec x) {
   p = p * r * r + r + 1.0f;
   IntVec exponent = (n_int + 127) << 23;
   return p * reinterpret_cast<Vec&>(exponent);
+}
+
+}  // namespace gdn
+
+namespace gdn {
+
+// y = silu(gate) * up over n values, silu(g) = g / (1 + exp(-g)): an MLP's gated input, as a grouped linear
+// computes it (gdn_export/ops/grouped_int8_linear.py). vector_exp's ~2 ulp, so the last bits may differ from torch's.
+inline void silu_mul_row(const float* gate, const float* up, int64_t n, float* y) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const Vec g = load(gate + i);
+    store(y + i, g / (1.0f + vector_exp(-g)) * load(up + i));
+  }
+  for (; i < n; ++i) y[i] = gate[i] / (1.0f + __builtin_expf(-gate[i])) * up[i];
 }
 
 }  // namespace gdn

@@ -333,6 +333,45 @@ def test_grouped_linears_run_on_our_kernels(exported, quantize, op):
     assert calls.count(op) == expected, (calls.count(op), expected)
 
 
+@pytest.mark.parametrize("quantize,op", [("8da4w_avx2", "gdn::grouped_int4_linear.out"),
+                                         ("16da8w", "gdn::grouped_int8_linear.out")])
+def test_layer_norms_and_residual_adds_run_in_the_grouped_linears(exported, quantize, op):
+    """Each decoder layer's input and post-attention RMSNorms go into the grouped linears that read them, its MLP's
+    gating into its down projection, and its two residual adds into the linears that end its mixer and its MLP
+    (``gdn_export.passes.layer_fusion``): the program's calls of our kernel pass as many norm weights, gatings
+    and residuals as the rewritten model asks for. That is each layer's two adds and its gating, each
+    post-attention norm, and the input norms of the layers whose input projections are all ours (the tiny
+    model's Gated DeltaNet gates, 4 outputs, fit no tile of 16)."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    from gdn_export import load_qwen35, rewrite
+    from gdn_export.passes.layer_fusion import NormTakenByItsConsumer, ResidualInProducts
+    from gdn_export.quantize import GroupedLinear, quantize_model
+
+    model = rewrite(quantize_model(load_qwen35(exported.checkpoint("tied"), max_seq_len=128), quantize), "xnnpack")
+    layers = len(model.layers)
+    assert all(type(layer) is ResidualInProducts for layer in model.layers)
+    assert all(type(layer.post_attention_layernorm) is NormTakenByItsConsumer for layer in model.layers)
+    assert any(type(layer.input_layernorm) is NormTakenByItsConsumer for layer in model.layers)
+    normed = sum(isinstance(module, GroupedLinear) and module.input_norm is not None for module in model.modules())
+    assert normed >= layers + 1
+    program = deserialize_pte_binary(exported.program("tied", quantize=quantize).read_bytes())
+    program = getattr(program, "program", program)
+    (plan,) = [plan for plan in program.execution_plan if plan.name == "forward"]
+    names = [f"{operator.name}.{operator.overload}" for operator in plan.operators]
+    calls = [instruction.instr_args.args for chain in plan.chains for instruction in chain.instructions
+             if hasattr(instruction.instr_args, "op_index") and names[instruction.instr_args.op_index] == op]
+
+    def tensors_at(position):
+        return sum(type(plan.values[args[position]].val).__name__ == "Tensor" for args in calls)
+
+    # (x, weight, scales, norm_weight, norm_eps, gated, residual, out, returned out)
+    assert tensors_at(3) == normed, (tensors_at(3), normed)
+    gated = sum(getattr(plan.values[args[5]].val, "bool_val", False) is True for args in calls)
+    assert gated == layers, (gated, layers)  # each MLP's down projection
+    assert tensors_at(6) == 2 * layers, (tensors_at(6), layers)
+
+
 def test_tied_4bit_program_reads_one_two_plane_table(exported, generator):
     """The 8da4w program's tied table is one two-plane table (gdn_export.ops.vocabulary_planes): each plane's
     bytes, computed from the eager quantized model, occur once in the file, our two ops read them (no

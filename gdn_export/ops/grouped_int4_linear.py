@@ -18,12 +18,13 @@ codes a byte: byte ``4 c + t`` of run ``q`` holds channel ``c``'s code for input
 ``scales[n // 16, k // group, n % 16]``. A kernel reads one run of 32 bytes for 16
 outputs and 4 inputs, and one run of 16 scales a group.
 
-    gdn::grouped_int4_linear(Tensor x, Tensor weight, Tensor scales) -> Tensor
+    gdn::grouped_int4_linear(Tensor x, Tensor weight, Tensor scales, *, <FUSED_ARGS>) -> Tensor
         x [..., K] float32, weight [N / 16, K / 4, 32] uint8, scales [N / 16, K / group, 16] bfloat16
         -> [..., N] float32: x times W^T, with each row of x rounded to int8 (one max-abs scale),
         as the kernel reads it (XNNPACK's 8da4w kernels read theirs in int8 too, with a zero point)
 
-(and a ``.out`` form). ``runtime_ops`` implements it in C++ for CPU programs.
+(and a ``.out`` form; ``FUSED_ARGS``, a decoder layer's norm, MLP gating and residual add taken into the
+product, are ``gdn_export.ops.grouped_int8_linear``'s). ``runtime_ops`` implements it in C++ for CPU programs.
 """
 
 from __future__ import annotations

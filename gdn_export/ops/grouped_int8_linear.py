@@ -14,17 +14,32 @@ pair of inputs side by side: ``weight[n // 16, k // 2, n % 16, k % 2]``; the
 scales as ``scales[n // 16, k // group, n % 16]``. A kernel then reads one run of
 32 bytes for 16 outputs and 2 inputs, and one run of 16 scales a group.
 
-    gdn::grouped_int8_linear(Tensor x, Tensor weight, Tensor scales) -> Tensor
+    gdn::grouped_int8_linear(Tensor x, Tensor weight, Tensor scales, *, <FUSED_ARGS>) -> Tensor
         x [..., K] float32, weight [N / 16, K / 2, 16, 2] int8, scales [N / 16, K / group, 16] bfloat16
         -> [..., N] float32: x times W^T, with each row of x rounded to int16 (one max-abs scale),
         as the kernel reads it (a relative error of 2^-16 of the row's largest value)
 
 (and a ``.out`` form). ``runtime_ops`` implements it in C++ for CPU programs.
+
+``FUSED_ARGS``, the optional keyword arguments of both grouped linears (this and ``gdn::grouped_int4_linear``),
+are the work a decoder layer does around its products (``gdn_export.passes.layer_fusion``):
+
+    norm_weight [K] float32, norm_eps: x [..., K] is first normalized as Qwen3.5's RMSNorm does,
+        x * rsqrt(mean(x², -1) + norm_eps) * (1 + norm_weight)
+    gated: x is [..., 2K], an MLP's gate and up projections side by side, and the product reads
+        silu(x[..., :K]) * x[..., K:]
+    residual [..., N] float32: added to the output
+
+(at most one of norm_weight and gated). In a CPU program each was a few XNNPACK ops in a delegate call of
+their own, or a copy; a 0.8B 8da4w_avx2 decode step made 116 delegate calls before, 43 now, and took 7% less
+time (docs/benchmarks.md, run 38). Programs exported before these arguments still run: the kernels take both
+forms of the call.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from gdn_export.ops.contract import define_op
 from gdn_export.ops.vocabulary_planes import bfloat16_at_least
@@ -84,37 +99,76 @@ def float_weight(weight, scales, start: int = 0, stop=None) -> torch.Tensor:
     return codes * units
 
 
-def define_grouped_linear(name: str, check_weight, round_activations, float_weight):
-    """Define ``gdn::<name>(Tensor x, Tensor weight, Tensor scales) -> Tensor`` and its ``.out`` form for a
-    grouped weight format (this module's and ``grouped_int4_linear``'s): the reference is ``x`` as the kernel
-    reads it (``round_activations``) times the float weight (``float_weight``), a block of output channels at
-    a time. Returns the two references."""
+# The optional work around the product (see the module's docstring), keyword arguments of both grouped linears.
+FUSED_ARGS = "Tensor? norm_weight=None, float norm_eps=1e-6, bool gated=False, Tensor? residual=None"
 
-    def reference(x, weight, scales):
+
+def fused_input(name: str, x: torch.Tensor, k: int, norm_weight, norm_eps: float, gated: bool) -> torch.Tensor:
+    """What the product reads of ``x``: ``x`` [..., k] itself; through Qwen3.5's RMSNorm of weight
+    ``(1 + norm_weight)``; or, ``gated``, ``silu(gate) * up`` of ``x`` [..., 2k] (the model's own ops, so an eager
+    model computes the same floats). TypeError naming the argument for an ``x`` of the wrong width."""
+    if norm_weight is not None and gated:
+        raise TypeError(f"gdn.{name}: norm_weight and gated cannot both be given")
+    width = 2 * k if gated else k
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() < 1 or x.shape[-1] != width:
+        got = f"{x.dtype} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"gdn.{name}: x must be float32 [..., {width}]{' (gated)' if gated else ''}, got {got}")
+    if gated:
+        return F.silu(x[..., :k]) * x[..., k:]
+    if norm_weight is None:
+        return x
+    check_fused_argument(name, "norm_weight", norm_weight, [k])
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm_eps) * (1.0 + norm_weight)
+
+
+def check_fused_argument(name: str, argument: str, tensor, shape: list) -> None:
+    """TypeError naming ``argument`` unless ``tensor`` is a float32 tensor of ``shape``."""
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float32 or list(tensor.shape) != list(shape):
+        got = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise TypeError(f"gdn.{name}: {argument} must be float32 {list(shape)}, got {got}")
+
+
+def define_grouped_linear(name: str, check_weight, round_activations, float_weight):
+    """Define ``gdn::<name>(Tensor x, Tensor weight, Tensor scales, *, <FUSED_ARGS>) -> Tensor`` and its
+    ``.out`` form for a grouped weight format (this module's and ``grouped_int4_linear``'s): the reference is
+    what the product reads of ``x`` (``fused_input``) as the kernel reads it (``round_activations``) times the
+    float weight (``float_weight``), a block of output channels at a time, plus ``residual``. Returns the two
+    references."""
+
+    def reference(x, weight, scales, *, norm_weight=None, norm_eps=1e-6, gated=False, residual=None):
         n, k, _ = check_weight(weight, scales)
-        if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() < 1 or x.shape[-1] != k:
-            raise TypeError(f"gdn.{name}: x must be float32 [..., {k}], got {x!r}")
-        read = round_activations(x).reshape(-1, k)
+        read = fused_input(name, x, k, norm_weight, norm_eps, gated)
+        if residual is not None:
+            check_fused_argument(name, "residual", residual, [*x.shape[:-1], n])
+        read = round_activations(read).reshape(-1, k)
         y = torch.cat([read @ float_weight(weight, scales, start, start + ROWS_PER_BLOCK).T
                        for start in range(0, n, ROWS_PER_BLOCK)], dim=1)
-        return y.reshape(*x.shape[:-1], n)
+        y = y.reshape(*x.shape[:-1], n)
+        return y if residual is None else y + residual
 
-    def reference_out(x, weight, scales, *, out):
-        result = reference(x, weight, scales)
+    def reference_out(x, weight, scales, *, norm_weight=None, norm_eps=1e-6, gated=False, residual=None, out):
+        result = reference(x, weight, scales, norm_weight=norm_weight, norm_eps=norm_eps, gated=gated,
+                           residual=residual)
         if out.shape != result.shape or out.dtype != result.dtype:
             raise ValueError(f"gdn.{name}.out: out must be {list(result.shape)} {result.dtype}, "
                              f"got {list(out.shape)} {out.dtype}")
         return out.copy_(result)
 
-    def fake(x, weight, scales):
+    def fake(x, weight, scales, *, norm_weight=None, norm_eps=1e-6, gated=False, residual=None):
         n, k, _ = check_weight(weight, scales)
-        if x.shape[-1] != k:
-            raise TypeError(f"gdn.{name}: x must be float32 [..., {k}], got {list(x.shape)}")
+        if x.shape[-1] != (2 * k if gated else k):
+            raise TypeError(f"gdn.{name}: x must be float32 [..., {2 * k if gated else k}], got {list(x.shape)}")
+        if gated and norm_weight is not None:
+            raise TypeError(f"gdn.{name}: norm_weight and gated cannot both be given")
+        if norm_weight is not None and list(norm_weight.shape) != [k]:
+            raise TypeError(f"gdn.{name}: norm_weight must be float32 [{k}], got {list(norm_weight.shape)}")
+        if residual is not None and residual.shape[-1] != n:
+            raise TypeError(f"gdn.{name}: residual must be float32 [..., {n}], got {list(residual.shape)}")
         return x.new_empty((*x.shape[:-1], n), dtype=torch.float32)
 
-    define_op(f"{name}(Tensor x, Tensor weight, Tensor scales) -> Tensor", reference, fake)
-    define_op(f"{name}.out(Tensor x, Tensor weight, Tensor scales, *, Tensor(a!) out) -> Tensor(a!)", reference_out,
-              lambda x, weight, scales, *, out: out)
+    define_op(f"{name}(Tensor x, Tensor weight, Tensor scales, *, {FUSED_ARGS}) -> Tensor", reference, fake)
+    define_op(f"{name}.out(Tensor x, Tensor weight, Tensor scales, *, {FUSED_ARGS}, Tensor(a!) out) -> Tensor(a!)",
+              reference_out, lambda x, weight, scales, *, out, **fused: out)
     return reference, reference_out
 
 
