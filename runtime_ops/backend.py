@@ -1,7 +1,8 @@
 """The CPU backends, ``portable`` and ``xnnpack``: our C++ kernels beside ExecuTorch's.
 
 Both give each float32 Gated DeltaNet layer ``gdn::conv_gated_delta_rule`` (its
-conv, gates and recurrence; others ``gdn::gated_delta_rule_inplace``) and each
+conv, gates and recurrence; others ``gdn::gated_delta_rule_inplace``) and
+``gdn::gated_rms_norm`` (the norm after them), and each
 float32 full-attention layer ``gdn::cached_attention``, whose kernels this
 package builds and ``import gdn_export`` loads (the ``gdn_export.kernels``
 entry point). XNNPACK also takes the linear layers (float, 8da4w, 8da8w and
@@ -20,7 +21,8 @@ import torch
 from torch import nn
 
 from gdn_export.backends import Backend
-from gdn_export.passes import CachedAttentionOp, InplaceOpRecurrence, give_layers_the_conv_op
+from gdn_export.passes import (CachedAttentionOp, InplaceOpRecurrence, give_gated_norms_the_op,
+                               give_layers_the_conv_op)
 from gdn_export.state_methods import STATE_METHODS, export_state_methods
 
 
@@ -33,8 +35,10 @@ class CpuBackend(Backend):
         return CachedAttentionOp() if layer.k_cache.dtype == torch.float32 else None
 
     def finish_rewrite(self, model: nn.Module) -> None:
-        """Each Gated DeltaNet layer's conv, gates and recurrence as one C++ op (``ConvOpGatedDeltaNet``)."""
+        """Each Gated DeltaNet layer's conv, gates and recurrence as one C++ op (``ConvOpGatedDeltaNet``), and the
+        norm after them as another (``GatedRMSNormOp``)."""
         give_layers_the_conv_op(model)
+        give_gated_norms_the_op(model)
 
     def partitioners(self, method: str) -> list:
         return []

@@ -1,6 +1,6 @@
 // What the ExecuTorch entries of the gdn kernels (executorch_kernel.cpp,
 // executorch_attention_kernel.cpp, executorch_planes_kernel.cpp,
-// executorch_linear_kernel.cpp, executorch_conv_kernel.cpp) share: the ExecuTorch
+// executorch_linear_kernel.cpp, executorch_conv_kernel.cpp, executorch_norm_kernel.cpp) share: the ExecuTorch
 // names they use, the core routines' parallel loop on ExecuTorch's thread pool,
 // the checks of a boxed call's tensors and their contract errors, output
 // resizing, and the ops' default scale. Included by those files only.

@@ -172,6 +172,9 @@ def test_rewritten_model_exports_one_op_per_layer_for_any_length(dense_checkpoin
         torch.ops.gdn.cached_attention.default
     assert targets.count(attention_op) == len(full_attention_layers(model))
     assert not any("cached_attention" in str(t) and t != attention_op for t in targets)
+    # The CPU backends' norm after each recurrence is one op too.
+    norms = targets.count(torch.ops.gdn.gated_rms_norm.default)
+    assert norms == (0 if backend == "cuda" else len(linear_attention_layers(model))), norms
     # No per-token loop: the graph is the same size whatever the example length.
     assert len(call_targets(export(model, length=2))) == len(call_targets(export(model, length=9)))
 

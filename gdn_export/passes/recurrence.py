@@ -20,7 +20,10 @@ The modules here call the ``gdn`` ops, and backends pick among them:
   ``gdn::conv_gated_delta_rule`` (the CPU backends' C++ kernel);
 * ``CachedAttentionOp``: ``gdn::cached_attention``, which reads the position
   from ``input_pos`` and attends only over the cache written so far, where
-  the model's masked form multiplies against all ``max_seq_len`` positions.
+  the model's masked form multiplies against all ``max_seq_len`` positions;
+* ``GatedRMSNormOp``: the norm after the recurrence as ``gdn::gated_rms_norm``
+  (the CPU backends' C++ kernel), one call where the model's form is some nine
+  small ops.
 
 A backend may bring its own (CUDA's Triton ops live in ``cuda_backend``).
 """
@@ -31,7 +34,7 @@ import torch
 from torch import nn
 
 from gdn_export.backends import get_backend
-from gdn_export.models.qwen35 import MLP, GatedAttention, GatedDeltaNet
+from gdn_export.models.qwen35 import MLP, GatedAttention, GatedDeltaNet, GatedRMSNorm
 from gdn_export.ops.fused import gating, split_heads  # importing gdn_export.ops defines torch.ops.gdn
 from gdn_export.passes.linear_groups import merge_linears
 
@@ -71,6 +74,23 @@ def give_layers_the_conv_op(model: nn.Module) -> None:
     for module in model.modules():
         if type(module) is GatedDeltaNet:
             module.__class__ = ConvOpGatedDeltaNet
+
+
+class GatedRMSNormOp(GatedRMSNorm):
+    """A Gated DeltaNet layer's ``GatedRMSNorm`` through ``gdn::gated_rms_norm`` on float32 tensors (others keep the
+    model's form, which rounds the normed values to their dtype first)."""
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        if not x.dtype == z.dtype == self.weight.dtype == torch.float32:
+            return super().forward(x, z)
+        return torch.ops.gdn.gated_rms_norm(x, z, self.weight, self.eps)
+
+
+def give_gated_norms_the_op(model: nn.Module) -> None:
+    """Every ``GatedRMSNorm`` of ``model`` as a ``GatedRMSNormOp`` (same parameters)."""
+    for module in model.modules():
+        if type(module) is GatedRMSNorm:
+            module.__class__ = GatedRMSNormOp
 
 
 class CachedAttentionOp(nn.Module):
