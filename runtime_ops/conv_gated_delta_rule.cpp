@@ -33,11 +33,8 @@ struct Scratch {
 // x <- x / (1 + exp(-x)) over n floats.
 void silu_in_place(float* x, int64_t n) {
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const Vec v = load(x + i);
-    store(x + i, v / (1.0f + vector_exp(-v)));
-  }
-  for (; i < n; ++i) x[i] = x[i] / (1.0f + std::exp(-x[i]));
+  for (; i + kLanes <= n; i += kLanes) store(x + i, vector_silu(load(x + i)));
+  for (; i < n; ++i) x[i] = silu(x[i]);
 }
 
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }

@@ -1,7 +1,7 @@
 // See gated_rms_norm.h.
 #include "gated_rms_norm.h"
 
-#include "vector_math.h"  // Vec, vector_exp
+#include "vector_math.h"  // inverse_rms, silu
 
 namespace gdn {
 namespace {
@@ -16,22 +16,12 @@ void gated_rows(const float* x, const float* gate, const float* weight, int64_t 
     const float* row = x + r * d;
     const float* z = gate + r * d;
     float* y = out + r * d;
-    Vec lanes = Vec{};
+    const float inverse = inverse_rms(row, d, eps);
     int64_t i = 0;
     for (; i + kLanes <= d; i += kLanes) {
-      const Vec v = load(row + i);
-      lanes += v * v;
+      store(y + i, load(weight + i) * (load(row + i) * inverse) * vector_silu(load(z + i)));
     }
-    float sum = 0.0f;
-    for (int l = 0; l < kLanes; ++l) sum += lanes[l];
-    for (; i < d; ++i) sum += row[i] * row[i];
-    const float inverse = 1.0f / __builtin_sqrtf(sum / float(d) + eps);
-    i = 0;
-    for (; i + kLanes <= d; i += kLanes) {
-      const Vec g = load(z + i);
-      store(y + i, load(weight + i) * (load(row + i) * inverse) * (g / (1.0f + vector_exp(-g))));
-    }
-    for (; i < d; ++i) y[i] = weight[i] * (row[i] * inverse) * (z[i] / (1.0f + __builtin_expf(-z[i])));
+    for (; i < d; ++i) y[i] = weight[i] * (row[i] * inverse) * silu(z[i]);
   }
 }
 

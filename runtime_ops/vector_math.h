@@ -47,10 +47,9 @@ inline float max_magnitude(const float* x, int64_t n) {
   return largest;
 }
 
-// y = x * (1 / sqrt(mean(x²) + eps)) * (1 + weight) over one row of n values: Qwen3.5's RMSNorm (zero-centered
-// weight), as a grouped linear normalizes its input (gdn_export/ops/grouped_int8_linear.py). The squares are summed
-// in lanes of vectors, so the last bits may differ from torch's order.
-inline void rms_norm_row(const float* x, int64_t n, const float* weight, float eps, float* y) {
+// 1 / sqrt(mean(x²) + eps) over one row of n values: what an RMSNorm scales its row by. The squares are summed in
+// lanes of vectors, so the last bits may differ from torch's order.
+inline float inverse_rms(const float* x, int64_t n, float eps) {
   Vec lanes = Vec{};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -60,8 +59,14 @@ inline void rms_norm_row(const float* x, int64_t n, const float* weight, float e
   float sum = 0.0f;
   for (int l = 0; l < kLanes; ++l) sum += lanes[l];
   for (; i < n; ++i) sum += x[i] * x[i];
-  const float inverse = 1.0f / __builtin_sqrtf(sum / float(n) + eps);
-  i = 0;
+  return 1.0f / __builtin_sqrtf(sum / float(n) + eps);
+}
+
+// y = x * inverse_rms(x) * (1 + weight) over one row of n values: Qwen3.5's RMSNorm (zero-centered weight), as a
+// grouped linear normalizes its input (gdn_export/ops/grouped_int8_linear.py).
+inline void rms_norm_row(const float* x, int64_t n, const float* weight, float eps, float* y) {
+  const float inverse = inverse_rms(x, n, eps);
+  int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) store(y + i, load(x + i) * inverse * (load(weight + i) + 1.0f));
   for (; i < n; ++i) y[i] = x[i] * inverse * (weight[i] + 1.0f);
 }
@@ -87,19 +92,17 @@ inline Vec vector_exp(Vec x) {
   return p * reinterpret_cast<Vec&>(exponent);
 }
 
-}  // namespace gdn
+// silu(g) = g / (1 + exp(-g)), of a vector and of a float (vector_exp's ~2 ulp: the last bits may differ from
+// torch's).
+inline Vec vector_silu(Vec g) { return g / (1.0f + vector_exp(-g)); }
+inline float silu(float g) { return g / (1.0f + __builtin_expf(-g)); }
 
-namespace gdn {
-
-// y = silu(gate) * up over n values, silu(g) = g / (1 + exp(-g)): an MLP's gated input, as a grouped linear
-// computes it (gdn_export/ops/grouped_int8_linear.py). vector_exp's ~2 ulp, so the last bits may differ from torch's.
+// y = silu(gate) * up over n values: an MLP's gated input, as a grouped linear computes it
+// (gdn_export/ops/grouped_int8_linear.py).
 inline void silu_mul_row(const float* gate, const float* up, int64_t n, float* y) {
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const Vec g = load(gate + i);
-    store(y + i, g / (1.0f + vector_exp(-g)) * load(up + i));
-  }
-  for (; i < n; ++i) y[i] = gate[i] / (1.0f + __builtin_expf(-gate[i])) * up[i];
+  for (; i + kLanes <= n; i += kLanes) store(y + i, vector_silu(load(gate + i)) * load(up + i));
+  for (; i < n; ++i) y[i] = silu(gate[i]) * up[i];
 }
 
 }  // namespace gdn
