@@ -104,15 +104,18 @@ class ResidualInProducts(DecoderLayer):
         linear = self.layer_type == LINEAR_ATTENTION
         mixer = self.linear_attn if linear else self.self_attn
         normed = self.input_layernorm(x)
-        projection = output_projection(mixer)
-        with adding(projection, x) if takes_residual(projection) else contextlib.nullcontext():
-            mixed = mixer(normed, positions) if linear else mixer(normed, positions, cos, sin, mask)
-        x = mixed if takes_residual(projection) else x + mixed
-        down = getattr(self.mlp, "down_proj", None)
-        if not takes_residual(down):
-            return x + self.mlp(self.post_attention_layernorm(x))
-        with adding(down, x):
-            return self.mlp(self.post_attention_layernorm(x))
+        x = plus_residual(output_projection(mixer), x,
+                          lambda: mixer(normed, positions) if linear else mixer(normed, positions, cos, sin, mask))
+        return plus_residual(getattr(self.mlp, "down_proj", None), x,
+                             lambda: self.mlp(self.post_attention_layernorm(x)))
+
+
+def plus_residual(product: Optional[nn.Module], residual: torch.Tensor, compute) -> torch.Tensor:
+    """``residual + compute()``, the add made inside ``product`` where it takes one (``takes_residual``)."""
+    if not takes_residual(product):
+        return residual + compute()
+    with adding(product, residual):
+        return compute()
 
 
 class GatedInputMLP(nn.Module):
@@ -146,29 +149,18 @@ def gated_input_mlp(mlp: nn.Module) -> Optional[GatedInputMLP]:
     return GatedInputMLP(gate.group.projection, mlp.down_proj)
 
 
-def fuse_norms_and_residuals(model: nn.Module) -> int:
+def fuse_norms_and_residuals(model: nn.Module) -> None:
     """Each decoder layer's MLP as a ``GatedInputMLP`` where it can be one, its norms into the products that read
     them where all of those can take one (``input_products``), and its residual adds into the products that end
-    its mixer and MLP, where those can (``ResidualInProducts``). Returns the number of layers changed."""
-    changed = 0
+    its mixer and MLP, where those can (``ResidualInProducts``)."""
     for layer in model.modules():
         if type(layer) is not DecoderLayer:
             continue
         mixer = layer.linear_attn if layer.layer_type == LINEAR_ATTENTION else layer.self_attn
-        before = changed
-        mlp = gated_input_mlp(layer.mlp)
-        if mlp is not None:
-            layer.mlp = mlp
-            changed = before + 1
-        products = input_products(mixer)
-        if products is not None:
-            take_input_norm(layer, "input_layernorm", products)
-            changed = before + 1
-        products = input_products(layer.mlp)
-        if products is not None:
-            take_input_norm(layer, "post_attention_layernorm", products)
-            changed = before + 1
+        layer.mlp = gated_input_mlp(layer.mlp) or layer.mlp
+        for norm_name, reader in (("input_layernorm", mixer), ("post_attention_layernorm", layer.mlp)):
+            products = input_products(reader)
+            if products is not None:
+                take_input_norm(layer, norm_name, products)
         if takes_residual(output_projection(mixer)) or takes_residual(getattr(layer.mlp, "down_proj", None)):
             layer.__class__ = ResidualInProducts
-            changed = before + 1
-    return changed
