@@ -211,10 +211,13 @@ def eager_step_logits(model, prompt_ids, continuation):
     # 16da8w's linears on gdn::grouped_int8_linear, its table and head as int8wo's. Program against eager model,
     # over fresh prompts: int8wo under 1e-6, 16da8w 5e-5 to 1.1e-4 (12 prompts) and 1.5e-4 (a CI seed), so
     # 16da8w gets 3e-4; 8da4w_avx2 (gdn::grouped_int4_linear, the reference's int8 rounding) 1.4e-7 to 2.9e-7
-    # (3 seeds), 1e-4 for an activation whose rounding falls the other way.
+    # (3 seeds). Since its linears take each layer's norm and MLP gating (gdn_export.passes.layer_fusion), the
+    # program computes those in C++ (another order of the squares' sum, another exp) where this eager model
+    # runs torch's ops, so an int8 activation may round one level apart, and a 4-bit random model carries that
+    # on: 1.1e-2 for 1 seed of 9 (the others at most 1e-4), so 8da4w_avx2 gets 8da4w's 0.06.
     [("dense", "int8wo", "xnnpack", 1e-4, 0.1), ("tied", "int8wo", "xnnpack", 1e-4, 0.1),
      ("tied", "int8wo", "portable", 1e-4, 0.1), ("dense", "8da4w", "xnnpack", 0.06, 0.8),
-     ("tied", "8da4w", "xnnpack", 0.06, 0.8), ("tied", "8da4w_avx2", "xnnpack", 1e-4, 0.8),
+     ("tied", "8da4w", "xnnpack", 0.06, 0.8), ("tied", "8da4w_avx2", "xnnpack", 0.06, 0.8),
      ("tied", "8da8w", "xnnpack", 0.01, 0.1),
      ("dense", "16da8w", "xnnpack", 3e-4, 0.1), ("tied", "16da8w", "xnnpack", 3e-4, 0.1)],
 )
