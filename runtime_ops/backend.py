@@ -3,7 +3,8 @@
 Both give each float32 Gated DeltaNet layer ``gdn::conv_gated_delta_rule`` (its
 conv, gates and recurrence; others ``gdn::gated_delta_rule_inplace``) and
 ``gdn::gated_rms_norm`` (the norm after them), and each
-float32 full-attention layer ``gdn::cached_attention``, whose kernels this
+float32 full-attention layer ``gdn::gated_attention`` (its norms, rotations,
+cache writes, attention and gate, on ``gdn::cached_attention``'s kernel), whose kernels this
 package builds and ``import gdn_export`` loads (the ``gdn_export.kernels``
 entry point). XNNPACK also takes the linear layers (float, 8da4w, 8da8w and
 int8wo) into its delegate, but 16da8w's and 8da4w_avx2's, which run on our
@@ -21,8 +22,8 @@ import torch
 from torch import nn
 
 from gdn_export.backends import Backend
-from gdn_export.passes import (CachedAttentionOp, InplaceOpRecurrence, give_gated_norms_the_op,
-                               give_layers_the_conv_op)
+from gdn_export.passes import (CachedAttentionOp, InplaceOpRecurrence, give_attention_layers_the_op,
+                               give_gated_norms_the_op, give_layers_the_conv_op)
 from gdn_export.state_methods import STATE_METHODS, export_state_methods
 
 
@@ -36,9 +37,11 @@ class CpuBackend(Backend):
 
     def finish_rewrite(self, model: nn.Module) -> None:
         """Each Gated DeltaNet layer's conv, gates and recurrence as one C++ op (``ConvOpGatedDeltaNet``), and the
-        norm after them as another (``GatedRMSNormOp``)."""
+        norm after them as another (``GatedRMSNormOp``); each float32 full-attention layer's work between its
+        projections as one (``GatedAttentionOp``)."""
         give_layers_the_conv_op(model)
         give_gated_norms_the_op(model)
+        give_attention_layers_the_op(model)
 
     def partitioners(self, method: str) -> list:
         return []

@@ -12,7 +12,7 @@ from cuda_backend.attention import CudaCachedAttention
 from cuda_backend.linear import DecodeLinear, GatedMLP
 from cuda_backend.recurrence import CudaFusedRecurrence
 from gdn_export import backends
-from gdn_export.passes import CachedAttentionOp, FusedOpRecurrence, InplaceOpRecurrence, rewrite
+from gdn_export.passes import CachedAttentionOp, FusedOpRecurrence, GatedAttentionOp, InplaceOpRecurrence, rewrite
 from runtime_ops.loader import is_loaded as runtime_ops_available
 from gdn_export.tiny import MODEL_VOCAB_SIZE
 
@@ -81,6 +81,10 @@ def test_each_backend_gets_its_recurrence(dense_checkpoint):
         attention_class = {"portable": CachedAttentionOp, "xnnpack": CachedAttentionOp,
                            "cuda": CudaCachedAttention}.get(backend, MaskedCacheAttention)
         assert all(type(layer.attend) is attention_class for layer in full_attention_layers(model)), backend
+        # The CPU backends' layers take their work between the projections to gdn::gated_attention, on the
+        # attention's kernel.
+        cpu = backend in ("portable", "xnnpack")
+        assert all((type(layer) is GatedAttentionOp) == cpu for layer in full_attention_layers(model)), backend
         # CUDA's linear layers take one token through its matrix-vector kernel, and its MLPs compute the
         # silu-product inside the down projection's.
         linear_class = DecodeLinear if backend == "cuda" else torch.nn.Linear
@@ -168,10 +172,13 @@ def test_rewritten_model_exports_one_op_per_layer_for_any_length(dense_checkpoin
     assert not any("gated_delta_rule" in str(t) and t != OPS[backend] for t in targets)
     if backend != "cuda":  # the conv is inside the CPU backends' op
         assert torch.ops.aten.convolution.default not in targets
+    # The CPU backends' attention layers are one op each between their projections: no cache write apart.
     attention_op = torch.ops.gdn_cuda.cached_attention.default if backend == "cuda" else \
-        torch.ops.gdn.cached_attention.default
+        torch.ops.gdn.gated_attention.default
     assert targets.count(attention_op) == len(full_attention_layers(model))
-    assert not any("cached_attention" in str(t) and t != attention_op for t in targets)
+    assert not any("attention" in str(t) and t != attention_op for t in targets)
+    if backend != "cuda":
+        assert not any("index_put" in str(t) for t in targets)
     # The CPU backends' norm after each recurrence is one op too.
     norms = targets.count(torch.ops.gdn.gated_rms_norm.default)
     assert norms == (0 if backend == "cuda" else len(linear_attention_layers(model))), norms
@@ -237,10 +244,11 @@ def test_emitted_program_updates_state_and_caches_in_place(dense_checkpoint, see
         expected = 8 if name.endswith("recurrent_state") else 7
         assert arguments.index(index) == expected, f"{name} must be the op's argument {expected}"
     for index, name in cache_values.items():
-        operators = [op for op, _ in touching[index]]
-        assert operators.count("aten::index_put_") == 1, (name, operators)
-        # Read where it lies by the attention op: no copy of a cache.
-        assert sorted(operators) == ["aten::index_put_", "gdn::cached_attention.out"], (name, operators)
+        # Written and read where it lies by the attention op: no copy of a cache.
+        assert [op for op, _ in touching[index]] == ["gdn::gated_attention.out"], (name, touching[index])
+        (_, arguments), = touching[index]
+        expected = 8 if name.endswith("k_cache") else 9
+        assert arguments.index(index) == expected, f"{name} must be the op's argument {expected}"
 
     if runtime_ops_available():
         # With the C++ kernels built, run it: logits match eager call after call, which

@@ -261,6 +261,7 @@ def test_int8_embedding_delegate_reads_the_rows_and_refuses_ids_outside_the_tabl
 # The C++ kernels' own tests against the PyTorch reference, run on a library built for another target.
 KERNEL_TESTS = ["tests/test_vocabulary_planes.py", "tests/test_cached_attention.py", "tests/test_grouped_int8_linear.py",
                 "tests/test_grouped_int4_linear.py", "tests/test_grouped_linear_fusion.py", "tests/test_gated_rms_norm.py",
+                "tests/test_gated_attention.py",
                 "tests/test_conv_recurrence.py", "tests/test_runtime_ops.py::test_head_dims_off_the_vector_width",
                 "tests/test_runtime_ops.py::test_out_in_place_matches_functional"]
 # The macros the kernels' #if tests, as the names the library reports them by (runtime_ops/vector_extensions.cpp).

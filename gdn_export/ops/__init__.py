@@ -7,15 +7,16 @@ a scale per group of 32) and ``grouped_int4_linear`` (4-bit weights, the same), 
 register faster kernels for them. ``fit_int4_scales`` is the export's own (8da4w's search for 4-bit scales),
 an op so that it runs in C++. ``conv_gated_delta_rule`` is a Gated DeltaNet layer from its projections to its
 recurrence's output (the causal conv and its state, the gates, the recurrence), one call in the CPU programs,
-and ``gated_rms_norm`` the norm that follows it.
+and ``gated_rms_norm`` the norm that follows it; ``gated_attention`` is a full-attention layer between its
+projections (norms, rotations, cache writes, attention, gate).
 """
 
-from gdn_export.ops import (attention, contract, conv_recurrence, fused, gated_rms_norm, grouped_int4_linear,
+from gdn_export.ops import (attention, contract, conv_recurrence, fused, gated_attention, gated_rms_norm, grouped_int4_linear,
                            grouped_int8_linear, int4_scales, reference, vocabulary_planes)
 from gdn_export.ops.reference import chunked_gated_delta_rule, recurrent_gated_delta_rule
 
 __all__ = [
-    "attention", "contract", "conv_recurrence", "fused", "gated_rms_norm", "grouped_int4_linear", "grouped_int8_linear", "int4_scales", "reference",
+    "attention", "contract", "conv_recurrence", "fused", "gated_attention", "gated_rms_norm", "grouped_int4_linear", "grouped_int8_linear", "int4_scales", "reference",
     "vocabulary_planes",
     "chunked_gated_delta_rule", "recurrent_gated_delta_rule",
 ]

@@ -4,12 +4,14 @@ from gdn_export.passes.recurrence import (
     CachedAttentionOp,
     ConvOpGatedDeltaNet,
     FusedOpRecurrence,
+    GatedAttentionOp,
     GatedRMSNormOp,
     InplaceOpRecurrence,
+    give_attention_layers_the_op,
     give_gated_norms_the_op,
     give_layers_the_conv_op,
     rewrite,
 )
 
-__all__ = ["CachedAttentionOp", "ConvOpGatedDeltaNet", "FusedOpRecurrence", "GatedRMSNormOp", "InplaceOpRecurrence",
-           "give_gated_norms_the_op", "give_layers_the_conv_op", "rewrite"]
+__all__ = ["CachedAttentionOp", "ConvOpGatedDeltaNet", "FusedOpRecurrence", "GatedAttentionOp", "GatedRMSNormOp", "InplaceOpRecurrence",
+           "give_attention_layers_the_op", "give_gated_norms_the_op", "give_layers_the_conv_op", "rewrite"]

@@ -21,6 +21,9 @@ The modules here call the ``gdn`` ops, and backends pick among them:
 * ``CachedAttentionOp``: ``gdn::cached_attention``, which reads the position
   from ``input_pos`` and attends only over the cache written so far, where
   the model's masked form multiplies against all ``max_seq_len`` positions;
+* ``GatedAttentionOp``: a full-attention layer whose norms, rotations, cache
+  writes, attention and gate are one ``gdn::gated_attention`` (the CPU
+  backends' C++ kernel);
 * ``GatedRMSNormOp``: the norm after the recurrence as ``gdn::gated_rms_norm``
   (the CPU backends' C++ kernel), one call where the model's form is some nine
   small ops.
@@ -98,6 +101,31 @@ class CachedAttentionOp(nn.Module):
 
     def forward(self, query, k_cache, v_cache, positions, mask):
         return torch.ops.gdn.cached_attention(query, k_cache, v_cache, positions[:1])
+
+
+class GatedAttentionOp(GatedAttention):
+    """A full-attention layer whose work between its projections is one ``gdn::gated_attention``: its query and
+    key norms, rotations, cache writes, attention and output gate, where the model's form made, a layer at a token
+    in a CPU program, two XNNPACK calls of some thirty small ops, two portable ``index_put_`` calls and the
+    attention (about 0.1 ms of a 0.8B decode step's 20, docs/benchmarks.md). Given only to layers whose ``attend``
+    is a ``CachedAttentionOp`` (float32 caches) and whose two norms share an eps."""
+
+    def forward(self, x, positions, cos, sin, mask):
+        if x.dtype != torch.float32 or cos.dtype != torch.float32:
+            return super().forward(x, positions, cos, sin, mask)
+        attended = torch.ops.gdn.gated_attention(self.q_proj(x), self.k_proj(x), self.v_proj(x), self.q_norm.weight,
+                                                 self.k_norm.weight, cos, sin, positions[:1], self.k_cache,
+                                                 self.v_cache, eps=self.q_norm.eps)
+        return self.o_proj(attended)
+
+
+def give_attention_layers_the_op(model: nn.Module) -> None:
+    """Every full-attention layer of ``model`` that attends through ``CachedAttentionOp`` as a ``GatedAttentionOp``
+    (same parameters and buffers)."""
+    for module in model.modules():
+        if type(module) is GatedAttention and isinstance(module.attend, CachedAttentionOp) \
+                and module.q_norm.eps == module.k_norm.eps:
+            module.__class__ = GatedAttentionOp
 
 
 def rewrite(model: nn.Module, backend: str) -> nn.Module:
