@@ -73,7 +73,7 @@ def quantized_chains(layers: list) -> tuple[nn.Module, nn.Module]:
     tensor for XNNPACK."""
     from torchao.quantization import IntxUnpackedToInt8Tensor
 
-    from gdn_export.ops.grouped_int4_linear import float_weight
+    from gdn_export.ops.grouped_int4_linear import float_weight, tile_scales
     from gdn_export.quantize import GroupedInt4Linear
 
     ours, theirs = [], []
@@ -81,7 +81,7 @@ def quantized_chains(layers: list) -> tuple[nn.Module, nn.Module]:
         grouped = GroupedInt4Linear(layer, 32, signed=False)  # positive scales, which XNNPACK takes too
         ours.append(grouped)
         # The same 4-bit values: the float weight our codes stand for, quantized again at our scales.
-        scale = grouped.scales.permute(0, 2, 1).reshape(grouped.out_features, -1)
+        scale = tile_scales(grouped.scales).permute(0, 2, 1).reshape(grouped.out_features, -1)
         weight = IntxUnpackedToInt8Tensor.from_hp(
             float_weight(grouped.weight, grouped.scales), (1, 32), torch.int4,
             activation_quantization="int8_asym_per_token", intx_choose_qparams_algorithm=None,

@@ -70,7 +70,7 @@ float quantize_row(const float* x, int64_t k, int64_t group, int8_t* out, int32_
 // The arguments of one pass: kCount rows of x against one tile.
 struct TileRows {
   const uint8_t* codes;     // the tile's runs
-  const uint16_t* scales;   // the tile's scales, [k / group][16]
+  const void* scales;       // the tile's scales: [k / group][16] bfloat16, or int8 [k / group + 4][16] (kSmall)
   const int8_t* x;          // the rows' int8 values, a row every k
   const int32_t* offsets;   // the rows' group offsets, a row every k / group
   const float* row_scales;  // the rows' scales
@@ -111,8 +111,30 @@ inline __m512 bfloat16_scales(const uint16_t* scales) {
       _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales))), 16));
 }
 
+// Group g's 16 scales of a tile: bfloat16, or (kSmall) the int8 ones, whose multipliers come at the end.
+template <bool kSmall>
+inline __m512 group_scales(const void* scales, int64_t g) {
+  if constexpr (kSmall) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(scales) + g * kTile))));
+  } else {
+    return bfloat16_scales(static_cast<const uint16_t*>(scales) + g * kTile);
+  }
+}
+
+// What a tile's sums are multiplied by last: the row's scale, times (kSmall) the channels' multipliers.
+template <bool kSmall>
+inline __m512 output_scales(const void* scales, int64_t groups, float row_scale) {
+  const __m512 row = _mm512_set1_ps(row_scale);
+  if constexpr (kSmall) {
+    return _mm512_mul_ps(row, _mm512_loadu_ps(static_cast<const int8_t*>(scales) + groups * kTile));
+  } else {
+    return row;
+  }
+}
+
 // y[r][0..16) = row_scales[r] * sum_g scale_g * (int32 sum of group g), for kCount rows.
-template <int kCount>
+template <int kCount, bool kSmall>
 void tile_rows(const TileRows& p) {
   const int64_t groups = p.k / p.group;
   __m512 out[kCount];
@@ -131,22 +153,22 @@ void tile_rows(const TileRows& p) {
         keep_in_register(sums[r]);
       }
     }
-    const __m512 scale = bfloat16_scales(p.scales + g * kTile);
+    const __m512 scale = group_scales<kSmall>(p.scales, g);
     for (int r = 0; r < kCount; ++r) {
       const __m512i exact = _mm512_sub_epi32(sums[r], _mm512_set1_epi32(p.offsets[r * groups + g]));
       out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), scale, out[r]);
     }
   }
   for (int r = 0; r < kCount; ++r) {
-    _mm512_storeu_ps(p.y + r * p.y_stride, _mm512_mul_ps(out[r], _mm512_set1_ps(p.row_scales[r])));
+    _mm512_storeu_ps(p.y + r * p.y_stride, _mm512_mul_ps(out[r], output_scales<kSmall>(p.scales, groups, p.row_scales[r])));
   }
 }
 
 // One row (a decode step): a group's runs split among four sums, a run each in turn. With one sum, each
 // multiply-add waits for the last (5 cycles on Zen 4) and the step's products ran at two thirds of the memory's
 // pace; the runs of the next groups are asked for ahead, as the tile streams from memory.
-template <>
-void tile_rows<1>(const TileRows& p) {
+template <bool kSmall>
+void one_row(const TileRows& p) {
   const int64_t groups = p.k / p.group;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
@@ -170,19 +192,43 @@ void tile_rows<1>(const TileRows& p) {
     }
     const __m512i sum = _mm512_add_epi32(_mm512_add_epi32(a, b), _mm512_add_epi32(c, d));
     const __m512i exact = _mm512_sub_epi32(sum, _mm512_set1_epi32(p.offsets[g]));
-    out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), bfloat16_scales(p.scales + g * kTile), out);
+    out = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), group_scales<kSmall>(p.scales, g), out);
   }
-  _mm512_storeu_ps(p.y, _mm512_mul_ps(out, _mm512_set1_ps(p.row_scales[0])));
+  _mm512_storeu_ps(p.y, _mm512_mul_ps(out, output_scales<kSmall>(p.scales, groups, p.row_scales[0])));
 }
 #elif defined(__AVX2__)
 // Pins a row's two 16-bit sums to registers as they are updated: unpinned, GCC makes all the products of a block
 // first and keeps them on the stack.
 inline void keep_in_registers(__m256i& first, __m256i& second) { asm volatile("" : "+x"(first), "+x"(second)); }
 
+// Half `half` (channels 8 half .. 8 half + 7) of group g's scales of a tile, as group_scales above.
+template <bool kSmall>
+inline __m256 group_scales(const void* scales, int64_t g, int half) {
+  if constexpr (kSmall) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+        reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(scales) + g * kTile + 8 * half))));
+  } else {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+        reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(scales) + g * kTile + 8 * half))), 16));
+  }
+}
+
+// As output_scales above, for half `half` of the tile.
+template <bool kSmall>
+inline __m256 output_scales(const void* scales, int64_t groups, float row_scale, int half) {
+  const __m256 row = _mm256_set1_ps(row_scale);
+  if constexpr (kSmall) {
+    return _mm256_mul_ps(row, _mm256_loadu_ps(reinterpret_cast<const float*>(static_cast<const int8_t*>(scales) +
+                                                                              groups * kTile) + 8 * half));
+  } else {
+    return row;
+  }
+}
+
 // As above with two 8-lane halves of the tile (channels 0..7 from a run's low nibbles, 8..15 from its high ones),
 // each 32-input block summed in 16-bit lanes first: a pair of products is at most 2 * 15 * 127, and the 8 pairs of
 // a block fit in int16.
-template <int kCount>
+template <int kCount, bool kSmall>
 void tile_rows(const TileRows& p) {
   const int64_t groups = p.k / p.group;
   __m256 out[kCount][2];
@@ -214,9 +260,7 @@ void tile_rows(const TileRows& p) {
       }
     }
     for (int half = 0; half < 2; ++half) {
-      const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(
-          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p.scales + g * kTile + 8 * half))),
-          16));
+      const __m256 scale = group_scales<kSmall>(p.scales, g, half);
       for (int r = 0; r < kCount; ++r) {
         const __m256i exact = _mm256_sub_epi32(sums[r][half], _mm256_set1_epi32(p.offsets[r * groups + g]));
         out[r][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(exact), scale, out[r][half]);
@@ -224,15 +268,17 @@ void tile_rows(const TileRows& p) {
     }
   }
   for (int r = 0; r < kCount; ++r) {
-    const __m256 row_scale = _mm256_set1_ps(p.row_scales[r]);
-    _mm256_storeu_ps(p.y + r * p.y_stride, _mm256_mul_ps(out[r][0], row_scale));
-    _mm256_storeu_ps(p.y + r * p.y_stride + 8, _mm256_mul_ps(out[r][1], row_scale));
+    for (int half = 0; half < 2; ++half) {
+      _mm256_storeu_ps(p.y + r * p.y_stride + 8 * half,
+                       _mm256_mul_ps(out[r][half], output_scales<kSmall>(p.scales, groups, p.row_scales[r], half)));
+    }
   }
 }
 #else
-template <int kCount>
+template <int kCount, bool kSmall>
 void tile_rows(const TileRows& p) {
   const int64_t groups = p.k / p.group;
+  const int8_t* small = static_cast<const int8_t*>(p.scales);
   for (int r = 0; r < kCount; ++r) {
     for (int64_t lane = 0; lane < kTile; ++lane) {
       float total = 0.0f;
@@ -242,17 +288,32 @@ void tile_rows(const TileRows& p) {
           const uint8_t byte = p.codes[(i / 4) * kRunBytes + 4 * (lane % 8) + i % 4];
           sum += int32_t(lane < 8 ? byte & 0x0F : byte >> 4) * p.x[r * p.k + i];
         }
-        total += float(sum - p.offsets[r * groups + g]) * bfloat16_value(p.scales[g * kTile + lane]);
+        const float scale = kSmall ? float(small[g * kTile + lane])
+                                   : bfloat16_value(static_cast<const uint16_t*>(p.scales)[g * kTile + lane]);
+        total += float(sum - p.offsets[r * groups + g]) * scale;
       }
-      p.y[r * p.y_stride + lane] = total * p.row_scales[r];
+      float multiplier = 1.0f;
+      if (kSmall) std::memcpy(&multiplier, small + groups * kTile + 4 * lane, sizeof(multiplier));
+      p.y[r * p.y_stride + lane] = total * (p.row_scales[r] * multiplier);
     }
   }
 }
 #endif
 
+#if defined(__AVX512BW__)
+template <>
+void tile_rows<1, false>(const TileRows& p) { one_row<false>(p); }
+template <>
+void tile_rows<1, true>(const TileRows& p) { one_row<true>(p); }
+#endif
+
 using TileRowsKernel = void (*)(const TileRows&);
-constexpr TileRowsKernel kTileRows[8] = {tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
-                                         tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
+// [kSmall][rows - 1]
+constexpr TileRowsKernel kTileRows[2][8] = {
+    {tile_rows<1, false>, tile_rows<2, false>, tile_rows<3, false>, tile_rows<4, false>, tile_rows<5, false>,
+     tile_rows<6, false>, tile_rows<7, false>, tile_rows<8, false>},
+    {tile_rows<1, true>, tile_rows<2, true>, tile_rows<3, true>, tile_rows<4, true>, tile_rows<5, true>,
+     tile_rows<6, true>, tile_rows<7, true>, tile_rows<8, true>}};
 
 }  // namespace
 
@@ -268,11 +329,16 @@ void grouped_int4_linear(const GroupedInt4Weight& weight, const float* x, int64_
       row_scales[m] = quantize_row(x + m * k, k, weight.group, values.data() + m * k, offsets.data() + m * groups);
     }
   });
-  const int64_t tile_bytes = k / 4 * kRunBytes, tile_scales = groups * kTile;
+  const int64_t tile_bytes = k / 4 * kRunBytes;
+  const bool small = weight.small_scales != nullptr;
+  // A tile's scales: groups bfloat16 a channel, or groups int8 and a float32 multiplier (4 bytes) a channel.
+  const int64_t tile_scale_bytes = small ? (groups + 4) * kTile : groups * kTile * 2;
+  const uint8_t* scales = small ? reinterpret_cast<const uint8_t*>(weight.small_scales)
+                                : reinterpret_cast<const uint8_t*>(weight.scales);
   pass_over_tiles(n / kTile, count, kRows, parallel_for, [&](int64_t tile, int64_t m, int64_t rows) {
-    kTileRows[rows - 1](TileRows{weight.codes + tile * tile_bytes, weight.scales + tile * tile_scales,
-                                 values.data() + m * k, offsets.data() + m * groups, row_scales.data() + m, k,
-                                 weight.group, y + m * n + tile * kTile, n});
+    kTileRows[small][rows - 1](TileRows{weight.codes + tile * tile_bytes, scales + tile * tile_scale_bytes,
+                                        values.data() + m * k, offsets.data() + m * groups, row_scales.data() + m, k,
+                                        weight.group, y + m * n + tile * kTile, n});
   });
 }
 

@@ -1,4 +1,5 @@
-"""gdn::grouped_int4_linear: 4-bit weights with a bfloat16 scale per group, the linears of 8da4w programs.
+"""gdn::grouped_int4_linear: 4-bit weights with a scale per group (bfloat16, or the int8 form with a float32
+multiplier a channel), the linears of 8da4w_avx2 programs.
 
 The C++ kernel inside a program against the PyTorch reference, the reference against plain math on the
 float weight it was made from, and the writer's layout against the format's definition, code by code.
@@ -11,8 +12,13 @@ from gdn_export.ops.grouped_int4_linear import (
     float_weight,
     reference_grouped_int4_linear,
     round_activations,
+    small_scales,
+    tile_scales,
     to_grouped_int4,
 )
+
+FORMS = [False, True]
+FORM_IDS = ["bfloat16-scales", "int8-scales"]
 from runtime_ops.conformance import export_program
 
 
@@ -36,9 +42,10 @@ def random_weight(generator, n, k, group=32):
     return dense, scales
 
 
+@pytest.mark.parametrize("small", FORMS, ids=FORM_IDS)
 @pytest.mark.parametrize("group,n,k", [(32, 48, 96), (64, 32, 256), (256, 16, 512), (32, 64, 1024)])
-def test_program_kernel_matches_the_reference(group, n, k, seed, generator):
-    weight, scales = to_grouped_int4(*random_weight(generator, n, k, group))
+def test_program_kernel_matches_the_reference(group, n, k, small, seed, generator):
+    weight, scales = to_grouped_int4(*random_weight(generator, n, k, group), small=small)
     x = torch.randn(1, 19, k, generator=generator) * torch.rand(1, 19, 1, generator=generator) * 4
     program = export_program(Linear(weight, scales), (x,), dynamic_length_args=1, max_length=24)
     # 1 row (a decode step), 4 and 8 (one pass of the kernel's rows, AVX2 / AVX-512), 19 (passes and a remainder).
@@ -52,24 +59,35 @@ def test_program_kernel_matches_the_reference(group, n, k, seed, generator):
         assert (expected - math).abs().max().item() <= 1e-6 * scale, f"seed {seed}"
 
 
-def test_writer_lays_out_each_code_where_the_format_says(seed, generator):
-    """weight[n // 16, k // 4, 4 (n % 8) + k % 4] holds channel n's code for input k, low nibble for n % 16 < 8."""
+@pytest.mark.parametrize("small", FORMS, ids=FORM_IDS)
+def test_writer_lays_out_each_code_where_the_format_says(small, seed, generator):
+    """weight[n // 16, k // 4, 4 (n % 8) + k % 4] holds channel n's code for input k, low nibble for n % 16 < 8;
+    scales[n // 16, g, n % 16] its scale, or in the int8 form that integer times the float32 whose bytes are
+    scales[n // 16, G:, :].flatten()[4 (n % 16):][:4]."""
     dense, scales = random_weight(generator, 32, 64)
-    weight, units = to_grouped_int4(dense, scales)
+    weight, units = to_grouped_int4(dense, scales, small=small)
     for n in range(32):
         for k in range(64):
             byte = int(weight[n // 16, k // 4, 4 * (n % 8) + k % 4])
             code = (byte & 0x0F) if n % 16 < 8 else byte >> 4
-            unit = units[n // 16, k // 32, n % 16].float()
+            if small:
+                tail = units[n // 16, 2:].flatten()[4 * (n % 16):4 * (n % 16) + 4].numpy().tobytes()
+                multiplier = torch.frombuffer(bytearray(tail), dtype=torch.float32)[0]
+                unit = units[n // 16, k // 32, n % 16].float() * multiplier  # in float32, as the writer
+            else:
+                unit = units[n // 16, k // 32, n % 16].float()
             expected = int(torch.round(dense[n, k] / unit).clamp(-8, 7)) + 8
             assert code == expected, f"seed {seed}: channel {n} input {k}"
 
 
-def test_reference_stays_within_the_formats_error(seed, generator):
-    """Each weight within half its group's scale; the outputs within the error those and the int8 input allow."""
+@pytest.mark.parametrize("small", FORMS, ids=FORM_IDS)
+def test_reference_stays_within_the_formats_error(small, seed, generator):
+    """Each weight within half its group's scale (as stored: the bound is the code's rounding, the scale's own
+    rounding apart); the outputs within the error those and the int8 input allow."""
     dense, scales = random_weight(generator, 64, 128)
-    weight, units = to_grouped_int4(dense, scales)
-    unit = units.float().abs().permute(0, 2, 1).reshape(64, 4).repeat_interleave(32, dim=1)
+    # Scales with room: the int8 form's rounded scale may come out smaller than the group's max-abs / 7.
+    weight, units = to_grouped_int4(dense, scales * 8 / 7, small=small)
+    unit = tile_scales(units).abs().permute(0, 2, 1).reshape(64, 4).repeat_interleave(32, dim=1)
     assert ((float_weight(weight, units) - dense).abs() <= 0.5 * unit * 1.0001).all(), f"seed {seed}"
     x = torch.randn(5, 128, generator=generator)
     exact = x @ dense.T
@@ -77,8 +95,21 @@ def test_reference_stays_within_the_formats_error(seed, generator):
     assert ((reference_grouped_int4_linear(x, weight, units) - exact).abs() <= bound * 1.001).all(), f"seed {seed}"
 
 
-def test_out_form_writes_its_output(seed, generator):
-    weight, scales = to_grouped_int4(*random_weight(generator, 32, 64))
+def test_small_scales_round_each_scale_within_half_a_multiplier(seed, generator):
+    """The int8 form's scale of a group is within half its channel's multiplier (the channel's largest scale /
+    127) of the scale it was given, keeps its sign, and the largest integer of a channel is 127."""
+    _, scales = random_weight(generator, 48, 256)
+    integers, multipliers = small_scales(scales)
+    assert torch.allclose(multipliers, scales.abs().amax(1) / 127), f"seed {seed}"
+    assert ((integers.float() * multipliers[:, None] - scales).abs() <= 0.5 * multipliers[:, None] * 1.0001).all(), \
+        f"seed {seed}"
+    assert (torch.sign(integers.float()) == torch.sign(scales)).all(), f"seed {seed}"
+    assert (integers.abs().amax(1) == 127).all(), f"seed {seed}"
+
+
+@pytest.mark.parametrize("small", FORMS, ids=FORM_IDS)
+def test_out_form_writes_its_output(small, seed, generator):
+    weight, scales = to_grouped_int4(*random_weight(generator, 32, 64), small=small)
     x = torch.randn(3, 64, generator=generator)
     out = torch.full((3, 32), float("nan"))
     torch.ops.gdn.grouped_int4_linear.out(x, weight, scales, out=out)
@@ -89,7 +120,9 @@ def test_out_form_writes_its_output(seed, generator):
     "breakage,message",
     [
         (lambda w, s: (w.to(torch.int8), s), "weight must be a 3-d torch.uint8"),
-        (lambda w, s: (w, s.float()), "scales must be a 3-d torch.bfloat16"),
+        (lambda w, s: (w, s.float()), "scales must be a 3-d torch.bfloat16 or torch.int8"),
+        (lambda w, s: (w, s.view(torch.int8)[:, :, :16]), "scales must be"),
+        (lambda w, s: (w, torch.zeros(2, 4, 16, dtype=torch.int8)), "int8 scales must be"),
         (lambda w, s: (w, s[:, :, :8]), "scales must be"),
         (lambda w, s: (w[:, :, :16], s), r"weight must be \[N / 16"),
     ],

@@ -454,10 +454,10 @@ def test_int4_linear_holds_bfloat16_scales_and_one_zero_byte(seed):
 
 
 def test_avx2_linear_rounds_its_weights_with_signed_scales(seed):
-    """An 8da4w_avx2 linear's weights are its codes times fit_int4_scales(signed=True)'s bfloat16 scales, of
-    both signs, and round the float weight closer than 8da4w's positive scales do (11% less squared error on
-    Gaussian weights; at least 5% asserted)."""
-    from gdn_export.ops.grouped_int4_linear import float_weight
+    """An 8da4w_avx2 linear's weights are its codes times fit_int4_scales(signed=True)'s scales, of both signs,
+    in the op's int8 form (an integer a group times a multiplier a channel), and round the float weight closer
+    than 8da4w's positive scales do (11% less squared error on Gaussian weights; at least 5% asserted)."""
+    from gdn_export.ops.grouped_int4_linear import float_weight, small_scales
     from gdn_export.quantize import GroupedInt4Linear, fit_int4_scales, quantize_module
 
     generator = torch.Generator().manual_seed(seed)
@@ -471,7 +471,8 @@ def test_avx2_linear_rounds_its_weights_with_signed_scales(seed):
 
     ours = quantize_module(linear(), "8da4w_avx2", "layers.0.mlp.up_proj")
     assert isinstance(ours, GroupedInt4Linear)
-    fitted = fit_int4_scales(dense, 32, signed=True).to(torch.bfloat16).float()
+    integers, multipliers = small_scales(fit_int4_scales(dense, 32, signed=True))
+    fitted = integers.float() * multipliers[:, None]
     assert (fitted < 0).any() and (fitted > 0).any(), f"seed {seed}"
     codes = torch.round(dense.reshape(64, 8, 32) / fitted[..., None]).clamp(-8, 7)
     ours_weight = float_weight(ours.weight, ours.scales)
