@@ -107,8 +107,9 @@ class GatedAttentionOp(GatedAttention):
     """A full-attention layer whose work between its projections is one ``gdn::gated_attention``: its query and
     key norms, rotations, cache writes, attention and output gate, where the model's form made, a layer at a token
     in a CPU program, two XNNPACK calls of some thirty small ops, two portable ``index_put_`` calls and the
-    attention (about 0.1 ms of a 0.8B decode step's 20, docs/benchmarks.md). Given only to layers whose ``attend``
-    is a ``CachedAttentionOp`` (float32 caches) and whose two norms share an eps."""
+    attention (a 0.8B ``8da4w_avx2`` decode step ran 1.07x as fast with the op, docs/benchmarks.md run 39).
+    Given only to layers whose ``attend`` is a ``CachedAttentionOp`` (float32 caches) and whose two norms share
+    an eps."""
 
     def forward(self, x, positions, cos, sin, mask):
         if x.dtype != torch.float32 or cos.dtype != torch.float32:
