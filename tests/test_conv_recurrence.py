@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from gdn_export.ops.conformance import relative_error
-from gdn_export.ops.conv_recurrence import check_conv_inputs, conv_gated_delta_rule_out
+from gdn_export.ops.conv_recurrence import causal_conv, check_conv_inputs, conv_gated_delta_rule_out
+from gdn_export.ops.fused import unfuse
 from tests.test_runtime_ops import error_of
 
 # The recurrence's chunked form and the conv's order of sums move last bits; the values are O(1).
@@ -66,6 +67,22 @@ def reference_call(args: list) -> tuple:
     return output, conv_state, state
 
 
+def output_error(actual, expected, args: list) -> float:
+    """relative_error of an output, read against the larger of its own magnitude and its updates' (beta v, the
+    values each token writes, which a unit query's product with a unit key, at most 1, scales into the output).
+    At a sequence's first token the output is (q.k) beta v, which cancels to near zero where q and k are near
+    orthogonal while its rounding stays that of beta v: GDN_TEST_SEED=1988132220 gave an output of 6.4e-6 where
+    beta v reached 0.25, 1.4e-9 from the reference: 2.2e-4 of the output, 5.6e-9 of beta v."""
+    if relative_error(actual, expected) == float("inf"):
+        return float("inf")
+    conv_state = args[7].clone()
+    starting = args[6][:1] == 0
+    mixed = causal_conv(args[0], conv_state, args[3], starting)
+    _, _, value, _, beta = unfuse(mixed, args[1], args[2], args[4], args[5], args[8])
+    scale = max(expected.abs().max().item(), (beta[..., None] * value).abs().max().item(), 1e-30)
+    return (actual.double() - expected.double()).abs().max().item() / scale
+
+
 def state_error(actual, expected, initial) -> float:
     """relative_error of a final state, read against the larger of its own and its initial state's magnitude.
     With one key and one value channel a head's state is one number, which can cancel to near zero while its
@@ -96,7 +113,8 @@ def test_kernel_matches_the_reference(shape, length, first_position, generator, 
     assert result.data_ptr() == output.data_ptr()
     for name, actual, expected in (("output", output, expected_output), ("conv_state", conv_state, expected_conv_state),
                                    ("state", state, expected_state)):
-        error = relative_error(actual, expected) if name != "state" else state_error(actual, expected, args[8])
+        error = {"output": lambda: output_error(actual, expected, args), "conv_state": lambda: relative_error(
+            actual, expected), "state": lambda: state_error(actual, expected, args[8])}[name]()
         assert error <= TOLERANCE, f"seed={seed} {name}: relative error {error}"
     # The functional form updates the states it is given, as the out form does.
     conv_state, state = args[7].clone(), args[8].clone()

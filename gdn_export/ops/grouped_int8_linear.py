@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from gdn_export.ops.contract import define_op
-from gdn_export.ops.vocabulary_planes import bfloat16_at_least
+from gdn_export.ops.vocabulary_planes import bfloat16_at_least, round_to_levels
 
 TILE = 16  # output channels per tile
 GROUPS = (32, 64, 128, 256)  # group sizes the kernel takes (int32 sums of a group of int16 x int8 cannot overflow)
@@ -73,16 +73,6 @@ def checked_group(name: str, scales: torch.Tensor, tiles: int, k: int) -> int:
         raise ValueError(f"gdn.{name}: scales must be [{tiles}, K / group, {TILE}] with K = {k} and "
                          f"group one of {GROUPS}, got {list(scales.shape)}")
     return k // groups
-
-
-def round_to_levels(x: torch.Tensor, largest: int) -> torch.Tensor:
-    """``x`` rounded as a grouped kernel reads it: integers in [-largest, largest] with one max-abs scale along
-    the last dim, each value times the scale's float32 reciprocal rounded to the nearest (ties to even), so
-    the kernel's integers are these."""
-    x = x.float()
-    scale = x.abs().amax(-1, keepdim=True) / largest
-    inverse = torch.where(scale > 0, 1 / torch.where(scale > 0, scale, 1), 0)
-    return torch.round(x * inverse).clamp(-largest, largest) * scale
 
 
 def round_activations(x: torch.Tensor) -> torch.Tensor:

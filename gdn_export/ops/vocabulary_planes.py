@@ -101,11 +101,19 @@ def reference_planes_embedding(tokens, high, low, row_units, group_units):
     return values.reshape(*tokens.shape, width)
 
 
+def round_to_levels(x: torch.Tensor, largest: int) -> torch.Tensor:
+    """``x`` rounded as our kernels read it: integers in [-largest, largest] with one max-abs scale along the
+    last dim, each value times the scale's float32 reciprocal rounded to the nearest (ties to even), so the
+    kernel's integers are these (a quotient x / scale rounds the other way at some near-ties)."""
+    x = x.float()
+    scale = x.abs().amax(-1, keepdim=True) / largest
+    inverse = torch.where(scale > 0, 1 / torch.where(scale > 0, scale, 1), 0)
+    return torch.round(x * inverse).clamp(-largest, largest) * scale
+
+
 def round_activations(x: torch.Tensor) -> torch.Tensor:
     """``x`` as the head's kernel reads it: int8 with one max-abs scale along the last dim."""
-    x = x.float()
-    scale = x.abs().amax(-1, keepdim=True) / 127
-    return torch.round(x / torch.where(scale > 0, scale, 1)).clamp(-127, 127) * scale
+    return round_to_levels(x, 127)
 
 
 def head_weights(high, row_units, group_units, start: int = 0, stop=None) -> torch.Tensor:
