@@ -65,7 +65,7 @@ def check_weight(weight, scales) -> tuple[int, int, int]:
         if scales.shape[1] <= MULTIPLIER_ROWS:
             raise ValueError(f"gdn.grouped_int4_linear: int8 scales must be [{tiles}, K / group + {MULTIPLIER_ROWS}, "
                              f"{TILE}], got {list(scales.shape)}")
-        return TILE * tiles, k, checked_group("grouped_int4_linear", scales[:, MULTIPLIER_ROWS:], tiles, k)
+        return TILE * tiles, k, checked_group("grouped_int4_linear", scales[:, :-MULTIPLIER_ROWS], tiles, k)
     return TILE * tiles, k, checked_group("grouped_int4_linear", scales, tiles, k)
 
 
