@@ -867,15 +867,21 @@ def memory_bandwidth(threads: int, nbytes: int = 1 << 30, repeats: int = 5, devi
     }
 
 
-def recurrent_state_traffic(config: dict) -> int:
-    """Bytes a decode step moves through the Gated DeltaNet layers' fp32 states (conv and recurrent), each
-    read and written once: the same in every system, llama.cpp's included."""
+def recurrent_state_traffic(config: dict, state_bytes: int = 4) -> int:
+    """Bytes a decode step moves through the Gated DeltaNet layers' states (conv and recurrent), each read and
+    written once: fp32 in every system, llama.cpp's included, but the recurrent state of our quantized programs,
+    float16 (``state_bytes`` 2: export_qwen35's --state-dtype default for them)."""
     layers = sum(kind == "linear_attention" for kind in config["layer_types"])
     keys = config["linear_num_key_heads"] * config["linear_key_head_dim"]
     values = config["linear_num_value_heads"] * config["linear_value_head_dim"]
     state = config["linear_num_value_heads"] * config["linear_key_head_dim"] * config["linear_value_head_dim"]
     conv_state = (2 * keys + values) * (config["linear_conv_kernel_dim"] - 1)
-    return 2 * 4 * layers * (state + conv_state)
+    return 2 * layers * (state_bytes * state + 4 * conv_state)
+
+
+def system_state_traffic(system: str) -> int:
+    """``recurrent_state_traffic`` of the bench's checkpoint in ``system``."""
+    return recurrent_state_traffic(QWEN35_0_8B, 2 if OURS.get(system, "none") != "none" else 4)
 
 
 def decode_weight_bytes(checkpoint: Path) -> int:
@@ -958,7 +964,7 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Opti
     system without them: over the checkpoint's fp32 weights)."""
     state = recurrent_state_traffic(QWEN35_0_8B)
     read_floor = floor["read_bandwidth_bytes_s"] / (floor["weight_bytes"] + state)
-    streamed = {system: weights + state for system, weights in
+    streamed = {system: weights + system_state_traffic(system) for system, weights in
                 {**{system: floor["weight_bytes"] for system in FP32_SYSTEMS}, **(read_bytes or {})}.items()}
 
     def floor_tok_s(system: str) -> Optional[float]:
@@ -966,7 +972,8 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Opti
 
     lines = [
         f"A decode step reads {floor['weight_bytes'] / 1e9:.2f} GB of fp32 weights and moves "
-        f"{state / 1e9:.3f} GB of recurrent state (read and written). Copy bandwidth "
+        f"{state / 1e9:.3f} GB of recurrent state (read and written; our quantized programs keep it in float16, "
+        f"{system_state_traffic('ours_8da4w') / 1e9:.3f} GB). Copy bandwidth "
         f"{floor['copy_bandwidth_bytes_s'] / 1e9:.1f} GB/s (read + written): fp32 memory floor "
         f"{floor['floor_tok_s']:.2f} tok/s. Read bandwidth (a sum) "
         f"{floor['read_bandwidth_bytes_s'] / 1e9:.1f} GB/s: {read_floor:.2f} tok/s. Each system's floor "

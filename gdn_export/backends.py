@@ -50,6 +50,8 @@ class Backend:
     # Linear-attention head dims (Dk and Dv) the backend's kernels cover; None: any.
     head_dims: Optional[tuple[int, ...]] = None
     quantizations: tuple[str, ...] = ("none",)
+    # export_qwen35's --state-dtype values its kernels take (the Gated DeltaNet layers' recurrent state).
+    state_dtypes: tuple[str, ...] = ("float32",)
     # Where the program's weights go: False keeps them in the .pte, True in .ptd files beside it.
     writes_data_files: bool = False
     # export_qwen35's --dtype when none is given (weights and activations).

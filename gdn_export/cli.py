@@ -103,7 +103,7 @@ def export_main(argv=None) -> int:
         "(plus .ptd weight files for the GPU backends).",
     )
     from gdn_export.backends import backend_names, default_backend
-    from gdn_export.export import DEFAULT_MAX_SEQ_LEN, DEFAULT_PREFILL_CHUNK, DTYPES, QUANTIZATIONS
+    from gdn_export.export import DEFAULT_MAX_SEQ_LEN, DEFAULT_PREFILL_CHUNK, DTYPES, QUANTIZATIONS, STATE_DTYPES
 
     parser.add_argument("--checkpoint", required=True,
                         help="Hugging Face folder: config.json, safetensors weights, tokenizer.json")
@@ -113,7 +113,7 @@ def export_main(argv=None) -> int:
                         "cuda on NVIDIA GPUs, metal on Apple GPUs")
     parser.add_argument("--dtype", default=None, choices=tuple(DTYPES),
                         help="weights and activations (default: the backend's, bf16 for cuda and fp32 for the "
-                        "others); the recurrent state stays float32")
+                        "others); the recurrent state's is --state-dtype's")
     parser.add_argument("--max-seq-len", type=_positive_int, default=DEFAULT_MAX_SEQ_LEN,
                         help="context length: the tokens the KV cache holds")
     parser.add_argument("--quantize", default="none", choices=QUANTIZATIONS,
@@ -124,6 +124,10 @@ def export_main(argv=None) -> int:
                         "8da8w (int8 activations, int8 weights; xnnpack), int8wo (int8 weights, float activations; "
                         "XNNPACK's int8-weight kernels on xnnpack) or 16da8w (int8 weights with a scale per group of 32, "
                         "int16 activations: the 8-bit program closest to fp32, on our kernels; xnnpack)")
+    parser.add_argument("--state-dtype", default=None, choices=tuple(STATE_DTYPES),
+                        help="the Gated DeltaNet layers' recurrent state (default: float16 for a quantized xnnpack "
+                        "or portable program, which halves a decode step's state traffic for a KL change of some "
+                        "1e-6; float32 otherwise); float16 needs --dtype fp32 and a CPU backend")
     parser.add_argument("--prefill-chunk", type=_positive_int, default=None,
                         help=f"most prompt tokens per call (default: the smaller of {DEFAULT_PREFILL_CHUNK} "
                         "and --max-seq-len)")
@@ -138,7 +142,7 @@ def export_main(argv=None) -> int:
             summary = export.export_qwen35(
                 args.checkpoint, args.output, backend=args.backend, dtype=args.dtype,
                 max_seq_len=args.max_seq_len, quantize=args.quantize, prefill_chunk=args.prefill_chunk,
-                progress=lambda line: print(line, file=console, flush=True),
+                state_dtype=args.state_dtype, progress=lambda line: print(line, file=console, flush=True),
             )
         except (export.ExportError, CheckpointError, OSError) as error:
             print(f"export_qwen35: error: {error}", file=console)

@@ -38,6 +38,9 @@ from gdn_export.quantize import Quantizer, share_tied_vocabulary
 from gdn_export.state_methods import STATE_METHODS, state_metadata
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# --state-dtype: the Gated DeltaNet layers' recurrent state. float16 halves the bytes a decode step reads and
+# writes of it (gdn_export/ops/conv_recurrence.py); a backend lists what its kernels take (Backend.state_dtypes).
+STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 DEFAULT_MAX_SEQ_LEN = 4096
 DEFAULT_PREFILL_CHUNK = 512
 
@@ -82,6 +85,7 @@ class ExportRequest:
     max_seq_len: int
     quantize: str
     prefill_chunk: int
+    state_dtype: torch.dtype = torch.float32
 
 
 def _check_backend(name: str, quantize: str) -> Backend:
@@ -117,8 +121,26 @@ def _check_output(output) -> Path:
     return output
 
 
+def _check_state_dtype(state_dtype, backend: Backend, dtype: str, quantize: str) -> str:
+    """--state-dtype checked against the backend and --dtype; None: float16 for a quantized program whose backend
+    takes it (a decode step's state traffic halved, for a KL change far below the quantization's), else float32."""
+    if state_dtype is None:
+        takes_half = "float16" in backend.state_dtypes and dtype == "fp32"
+        return "float16" if takes_half and quantize != "none" else "float32"
+    if state_dtype not in STATE_DTYPES:
+        raise ExportError(f"--state-dtype must be one of {', '.join(STATE_DTYPES)}, got {state_dtype!r}")
+    if state_dtype not in backend.state_dtypes:
+        takers = [name for name in backend_names() if state_dtype in get_backend(name).state_dtypes]
+        raise ExportError(f"--state-dtype {state_dtype} needs --backend {' or '.join(takers)} (its kernels), got "
+                          f"--backend {backend.name}")
+    if state_dtype != "float32" and dtype != "fp32":
+        raise ExportError(f"--state-dtype {state_dtype} needs --dtype fp32 (the kernel that keeps it), got "
+                          f"--dtype {dtype}")
+    return state_dtype
+
+
 def check_request(
-    checkpoint, output, *, backend, dtype, max_seq_len, quantize, prefill_chunk
+    checkpoint, output, *, backend, dtype, max_seq_len, quantize, prefill_chunk, state_dtype=None
 ) -> ExportRequest:
     """Every argument and input file checked before anything is loaded or written.
 
@@ -129,6 +151,7 @@ def check_request(
         dtype = chosen.default_dtype
     if dtype not in DTYPES:
         raise ExportError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    state_dtype = _check_state_dtype(state_dtype, chosen, dtype, quantize)
     if not isinstance(max_seq_len, int) or max_seq_len < 2:
         raise ExportError(f"--max-seq-len must be an integer >= 2, got {max_seq_len!r}")
     if prefill_chunk is None:
@@ -153,7 +176,8 @@ def check_request(
                 f"kernels (they take {', '.join(map(str, chosen.head_dims))}); export with another --backend"
             )
     output = _check_output(output)
-    return ExportRequest(read, output, chosen, DTYPES[dtype], max_seq_len, quantize, prefill_chunk)
+    return ExportRequest(read, output, chosen, DTYPES[dtype], max_seq_len, quantize, prefill_chunk,
+                         STATE_DTYPES[state_dtype])
 
 
 # Python's cyclic collector while exporting: a young generation of 50,000 objects instead of 700 (see below).
@@ -205,11 +229,13 @@ def export_qwen35(
     quantize: str = "none",
     prefill_chunk: Optional[int] = None,
     progress: Callable[[str], None] = lambda message: None,
+    state_dtype: Optional[str] = None,
 ) -> ExportSummary:
     """Export the Qwen3.5 checkpoint folder ``checkpoint`` to the program ``output`` (.pte).
 
     ``backend`` is a registered backend's name (``gdn_export.backends``; None:
-    the default, XNNPACK); ``dtype`` None is the backend's default.
+    the default, XNNPACK); ``dtype`` None is the backend's default; ``state_dtype``
+    (``STATE_DTYPES``) None is float16 for a quantized program on a backend that takes it, else float32.
     ``progress`` receives one line as each long stage begins (loading,
     quantization, ``torch.export``, to_edge and partition, to_executorch,
     writing), headed by the seconds since the call began.
@@ -217,12 +243,12 @@ def export_qwen35(
     machine before anything is written; ``output`` appears only once complete.
     """
     from gdn_export import loading
-    from gdn_export.passes import rewrite
+    from gdn_export.passes import keep_recurrent_states_in, rewrite
 
     started = time.perf_counter()
     request = check_request(
         checkpoint, output, backend=backend or default_backend(), dtype=dtype, max_seq_len=max_seq_len,
-        quantize=quantize, prefill_chunk=prefill_chunk,
+        quantize=quantize, prefill_chunk=prefill_chunk, state_dtype=state_dtype,
     )
 
     def step(message: str) -> None:
@@ -240,6 +266,7 @@ def export_qwen35(
         share_tied_vocabulary(model)  # a tied 8-bit table and head: held once from here on
         model.all_logits = False  # the runners sample from the last position only
         rewrite(model, backend=request.backend.name)
+        keep_recurrent_states_in(model, request.state_dtype)
         step(f"exporting (tokens up to {request.prefill_chunk} a call)")
         programs = request.backend.export_methods(model, request.prefill_chunk)
         if set(STATE_METHODS) <= set(programs):

@@ -28,6 +28,8 @@ from gdn_export.state_methods import STATE_METHODS, export_state_methods
 
 
 class CpuBackend(Backend):
+    state_dtypes = ("float32", "float16")  # gdn::conv_gated_delta_rule keeps either
+
     def recurrence(self) -> nn.Module:
         return InplaceOpRecurrence()
 

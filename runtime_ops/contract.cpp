@@ -84,12 +84,15 @@ ContractError check_conv_inputs(const TensorInfo (&tensors)[9], ConvGatedDeltaRu
   static const char* const kNames[9] = {"qkv", "a", "b", "conv_weight", "A_log", "dt_bias", "positions",
                                         "conv_state", "state"};
   const std::string op = "gdn.conv_gated_delta_rule: ";
-  for (int i = 0; i < 9; ++i) {
+  for (int i = 0; i < 8; ++i) {
     const bool positions = i == 6;
     if (positions ? tensors[i].dtype_name != "torch.int64" : !tensors[i].is_float32)
       return type_error(op + kNames[i] + " must be " + (positions ? "torch.int64" : "torch.float32") +
           ", got " + tensors[i].dtype_name);
   }
+  p.half_state = tensors[8].dtype_name == "torch.float16";
+  if (!tensors[8].is_float32 && !p.half_state)
+    return type_error(op + "state must be torch.float32 or torch.float16, got " + tensors[8].dtype_name);
   const auto& qkv = tensors[0].sizes;
   const auto& weight = tensors[3].sizes;
   const auto& state = tensors[8].sizes;

@@ -218,9 +218,13 @@ void conv_gated_delta_rule(const ConvGatedDeltaRuleProblem& p, const ParallelFor
     view->strides[1] = heads;
     view->strides[2] = 1;
   }
-  r.initial_state = p.state;
-  r.final_state = p.state;
-  for (int d = 0; d < 3; ++d) r.initial_state_strides[d] = r.final_state_strides[d] = p.state_strides[d];
+  if (p.half_state) {
+    r.half_state = p.state;
+    for (int d = 0; d < 3; ++d) r.half_state_strides[d] = p.state_strides[d];
+  } else {
+    r.initial_state = r.final_state = static_cast<float*>(p.state);
+    for (int d = 0; d < 3; ++d) r.initial_state_strides[d] = r.final_state_strides[d] = p.state_strides[d];
+  }
   r.output = p.output;
   for (int d = 0; d < 4; ++d) r.output_strides[d] = p.output_strides[d];
   gated_delta_rule(r, parallel_for);

@@ -1,7 +1,8 @@
 // gdn::conv_gated_delta_rule on CPU: a Gated DeltaNet layer from its input projections to its recurrence's
 // output (gdn_export/ops/conv_recurrence.py says what it computes). The causal conv, its state's shift and the
 // gates run here, then the recurrence's core routine (gated_delta_rule.h) reads q, k and v where the conv wrote
-// them. Like that header, this one knows nothing of ATen or ExecuTorch; float32 only.
+// them. Like that header, this one knows nothing of ATen or ExecuTorch; float32 only, but for the recurrent state,
+// which may be float16.
 #pragma once
 
 #include <cstdint>
@@ -32,8 +33,9 @@ struct ConvGatedDeltaRuleProblem {
   // Read and overwritten.
   float* conv_state = nullptr;  // [B, C, W - 1]
   int64_t conv_state_strides[3] = {0, 0, 0};
-  float* state = nullptr;  // [B, Hv, Dk, Dv], unit stride along Dv
+  void* state = nullptr;  // [B, Hv, Dk, Dv], unit stride along Dv: float, or _Float16 when half_state
   int64_t state_strides[3] = {0, 0, 0};
+  bool half_state = false;  // set by check_conv_inputs from the state's dtype
 
   float* output = nullptr;  // [B, T, Hv, Dv]
   int64_t output_strides[4] = {0, 0, 0, 0};
@@ -52,7 +54,7 @@ struct ConvGatedDeltaRuleProblem {
     dt_bias = dt_bias_.template const_data_ptr<float>();
     dt_bias_stride = dt_bias_.strides()[0];
     conv_state = conv_state_.template mutable_data_ptr<float>();
-    state = state_.template mutable_data_ptr<float>();
+    state = state_.mutable_data_ptr();
     output = output_.template mutable_data_ptr<float>();
     for (int d = 0; d < 3; ++d) {
       qkv_strides[d] = qkv_.strides()[d];

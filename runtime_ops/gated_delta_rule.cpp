@@ -20,6 +20,8 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "vector_math.h"
@@ -357,6 +359,37 @@ float* final_state_of(const GatedDeltaRuleProblem& p, const HeadIndex& head) {
 
 // ---- token by token, on the state memory ----
 
+// A vector of state values as fp32, from a row of the state's element type (float, or _Float16 when the problem's
+// half_state is set), and back: a half state is widened in registers, so each pass reads it as it lies.
+inline Vec load_state(const float* p) { return load(p); }
+inline void store_state(float* p, Vec v) { store(p, v); }
+inline Vec load_state(const _Float16* p) {
+#if defined(__AVX512F__)
+  return Vec(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#elif defined(__F16C__)
+  return Vec(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  Vec v;
+  for (int i = 0; i < kLanes; ++i) v[i] = float(p[i]);
+  return v;
+#endif
+}
+inline void store_state(_Float16* p, Vec v) {
+#if defined(__AVX512F__)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(__m512(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__F16C__)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(__m256(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
+  for (int i = 0; i < kLanes; ++i) p[i] = _Float16(v[i]);
+#endif
+}
+
+// Head `head`'s state in the half state's memory.
+_Float16* half_state_of(const GatedDeltaRuleProblem& p, const HeadIndex& head) {
+  return static_cast<_Float16*>(p.half_state) + head.batch * p.half_state_strides[0] +
+         head.value_head * p.half_state_strides[1];
+}
+
 // Vectors of columns a pass over the state keeps in registers (pass 1 holds
 // two accumulators per vector: S'^T k and S'^T q).
 constexpr int kStateVectors = kLanes == 16 ? 8 : 4;
@@ -365,8 +398,8 @@ constexpr int kStateVectors = kLanes == 16 ? 8 : 4;
 // kVectors of them, fixed at compile time): S'^T k and S'^T q with
 // S' = diag(decay) S, accumulated in registers so that each row is read once
 // and nothing else goes to memory.
-template <int kVectors>
-void read_state(int vectors, int64_t dk, const float* source, int64_t stride, const float* key_weight,
+template <int kVectors, class State>
+void read_state(int vectors, int64_t dk, const State* source, int64_t stride, const float* key_weight,
                 const float* query_weight, float* state_key, float* state_query) {
   if constexpr (kVectors > 1) {
     if (vectors < kVectors)
@@ -377,7 +410,7 @@ void read_state(int vectors, int64_t dk, const float* source, int64_t stride, co
   for (int64_t c = 0; c < dk; ++c) {
     const Vec kw = broadcast(key_weight[c]), qw = broadcast(query_weight[c]);
     for (int v = 0; v < kVectors; ++v) {
-      const Vec row = load(source + c * stride + v * kLanes);
+      const Vec row = load_state(source + c * stride + v * kLanes);
       sk[v] += kw * row;
       sq[v] += qw * row;
     }
@@ -390,8 +423,8 @@ void read_state(int vectors, int64_t dk, const float* source, int64_t stride, co
 
 // Pass 2 on the same columns: target row c = decay[c] source row c + key[c] u,
 // with u in registers. source may be target.
-template <int kVectors>
-void write_state(int vectors, int64_t dk, const float* source, int64_t source_stride, float* target,
+template <int kVectors, class State>
+void write_state(int vectors, int64_t dk, const State* source, int64_t source_stride, State* target,
                  int64_t target_stride, const float* decay, const float* key, const float* update) {
   if constexpr (kVectors > 1) {
     if (vectors < kVectors)
@@ -402,10 +435,14 @@ void write_state(int vectors, int64_t dk, const float* source, int64_t source_st
   for (int64_t c = 0; c < dk; ++c) {
     const Vec d = broadcast(decay[c]), k = broadcast(key[c]);
     for (int v = 0; v < kVectors; ++v)
-      store(target + c * target_stride + v * kLanes, d * load(source + c * source_stride + v * kLanes) + k * u[v]);
+      store_state(target + c * target_stride + v * kLanes,
+                  d * load_state(source + c * source_stride + v * kLanes) + k * u[v]);
   }
 }
 
+// One value head, token by token, on its state where it lies: State is float, or _Float16 for a half state,
+// widened and rounded in registers (each token's state rounded once, as the reference rounds a call's).
+template <class State>
 void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::vector<float>& scratch) {
   const int64_t dk = p.key_dim, dv = p.value_dim;
   scratch.resize(5 * dk + 5 * dv);
@@ -420,10 +457,18 @@ void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::
   float* update = state_query + dv;
   float* output = update + dv;
 
-  const float* source = initial_state_of(p, head);
-  int64_t source_row_stride = p.initial_state_strides[2];
-  float* target = final_state_of(p, head);
-  const int64_t target_row_stride = p.final_state_strides[2];
+  const State* source;
+  State* target;
+  int64_t source_row_stride, target_row_stride;
+  if constexpr (std::is_same_v<State, float>) {
+    source = initial_state_of(p, head);
+    source_row_stride = p.initial_state_strides[2];
+    target = final_state_of(p, head);
+    target_row_stride = p.final_state_strides[2];
+  } else {
+    source = target = half_state_of(p, head);
+    source_row_stride = target_row_stride = p.half_state_strides[2];
+  }
   // Columns the register passes cover; the few left over (Dv not a multiple
   // of the vector width) are done element by element.
   const int64_t vector_columns = dv / kLanes * kLanes;
@@ -452,8 +497,8 @@ void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::
     for (int64_t j = vector_columns; j < dv; ++j) {
       float sk = 0.0f, sq = 0.0f;
       for (int64_t c = 0; c < dk; ++c) {
-        sk += key_weight[c] * source[c * source_row_stride + j];
-        sq += query_weight[c] * source[c * source_row_stride + j];
+        sk += key_weight[c] * float(source[c * source_row_stride + j]);
+        sq += query_weight[c] * float(source[c * source_row_stride + j]);
       }
       state_key[j] = sk;
       state_query[j] = sq;
@@ -472,14 +517,14 @@ void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::
     }
     for (int64_t c = 0; c < dk; ++c)
       for (int64_t j = vector_columns; j < dv; ++j)
-        target[c * target_row_stride + j] = decay[c] * source[c * source_row_stride + j] + key[c] * update[j];
+        target[c * target_row_stride + j] = State(decay[c] * float(source[c * source_row_stride + j]) + key[c] * update[j]);
     store_output(p, head, t, output);
     source = target;
     source_row_stride = target_row_stride;
   }
   if (p.length == 0 && target != source) {
     for (int64_t c = 0; c < dk; ++c)
-      std::memcpy(target + c * target_row_stride, source + c * source_row_stride, dv * sizeof(float));
+      std::memcpy(target + c * target_row_stride, source + c * source_row_stride, dv * sizeof(State));
   }
 }
 
@@ -736,6 +781,16 @@ void chunked_group(const GatedDeltaRuleProblem& p, int64_t batch, int64_t key_he
   }
 }
 
+// The heads of `unit` (a key head's group in the chunked form, else one value head) as [first, last).
+std::pair<int64_t, int64_t> heads_of_unit(const GatedDeltaRuleProblem& p, bool chunked, int64_t unit) {
+  const int64_t group = p.num_v_heads / p.num_k_heads;
+  if (chunked) {
+    const int64_t first = (unit % p.num_k_heads) * group;
+    return {first, first + group};
+  }
+  return {unit % p.num_v_heads, unit % p.num_v_heads + 1};
+}
+
 }  // namespace
 
 void gated_delta_rule(const GatedDeltaRuleProblem& p, const ParallelFor& parallel_for) {
@@ -744,6 +799,8 @@ void gated_delta_rule(const GatedDeltaRuleProblem& p, const ParallelFor& paralle
   // The chunked form runs a key head's value heads together (they share its
   // queries and keys); token by token, every value head is a unit of its own.
   const int64_t num_units = chunked ? p.batch * p.num_k_heads : p.batch * p.num_v_heads;
+  const int64_t units_per_batch = num_units / p.batch;
+  const int64_t head_size = p.key_dim * p.value_dim;
   // Threads take units one at a time from a shared counter instead of fixed
   // ranges: one slowed down (by another process, or on a slower core) then
   // takes fewer units rather than holding up the call. The range each worker
@@ -752,14 +809,44 @@ void gated_delta_rule(const GatedDeltaRuleProblem& p, const ParallelFor& paralle
   parallel_for(0, num_units, [&](int64_t, int64_t) {
     std::vector<float> scratch;
     std::unique_ptr<ChunkBuffers> buffers;
+    // A half state's fp32 copy, a slot per value head (only the unit's own are touched), and the problem
+    // pointed at it, for the calls of more than one token: the kernels then run unchanged and the state is
+    // rounded once a call, as the reference rounds it. The copy lives across calls on each thread. A decode
+    // step's token (most calls) reads and writes the half state where it lies instead (recurrent_head).
+    thread_local std::vector<float> state_copy;
+    const bool on_half_copy = p.half_state && p.length > 1;
+    GatedDeltaRuleProblem on_copy;
+    if (on_half_copy) {
+      if (state_copy.size() < size_t(p.num_v_heads * head_size)) state_copy.resize(p.num_v_heads * head_size);
+      on_copy = p;
+      on_copy.half_state = nullptr;
+      on_copy.initial_state = on_copy.final_state = state_copy.data();
+      const int64_t copy_strides[3] = {0, head_size, p.value_dim};
+      for (int d = 0; d < 3; ++d) on_copy.initial_state_strides[d] = on_copy.final_state_strides[d] = copy_strides[d];
+    }
+    const GatedDeltaRuleProblem& q = on_half_copy ? on_copy : p;
     for (int64_t index = next_unit++; index < num_units; index = next_unit++) {
+      const int64_t batch = index / units_per_batch;
+      const auto [first, last] = heads_of_unit(p, chunked, index);
+      // Row c of value head h's half state, and of its copy.
+      const auto half_row = [&](int64_t h, int64_t c) {
+        return half_state_of(p, HeadIndex{batch, h, h / group}) + c * p.half_state_strides[2];
+      };
+      const auto copy_row = [&](int64_t h, int64_t c) { return state_copy.data() + h * head_size + c * p.value_dim; };
+      if (on_half_copy)
+        for (int64_t h = first; h < last; ++h)
+          for (int64_t c = 0; c < p.key_dim; ++c) halves_to_floats(half_row(h, c), copy_row(h, c), p.value_dim);
       if (chunked) {
         if (!buffers) buffers = std::make_unique<ChunkBuffers>(kChunk, p.key_dim, p.value_dim, group);
-        chunked_group(p, index / p.num_k_heads, index % p.num_k_heads, *buffers);
+        chunked_group(q, batch, index % p.num_k_heads, *buffers);
+      } else if (q.half_state) {
+        recurrent_head<_Float16>(q, HeadIndex{batch, first, first / group}, scratch);
       } else {
-        const int64_t value_head = index % p.num_v_heads;
-        recurrent_head(p, HeadIndex{index / p.num_v_heads, value_head, value_head / group}, scratch);
+        recurrent_head<float>(q, HeadIndex{batch, first, first / group}, scratch);
       }
+      if (on_half_copy)
+        for (int64_t h = first; h < last; ++h)
+          for (int64_t c = 0; c < p.key_dim; ++c) floats_to_halves(copy_row(h, c), half_row(h, c), p.value_dim);
     }
   });
 }

@@ -40,6 +40,11 @@ struct GatedDeltaRuleProblem {
   int64_t initial_state_strides[3] = {0, 0, 0};
   float* final_state = nullptr;
   int64_t final_state_strides[3] = {0, 0, 0};
+  // Or, when half_state is set, one float16 state [B, Hv, Dk, Dv] (unit stride along Dv), read and
+  // overwritten, in place of both: each unit of work copies its heads' states into fp32 (cache-resident),
+  // runs on the copy and writes it back rounded, so memory sees half the bytes and the arithmetic stays fp32.
+  void* half_state = nullptr;
+  int64_t half_state_strides[3] = {0, 0, 0};
   // [B, T, Hv, Dv] in value's element type.
   void* output = nullptr;
   int64_t output_strides[4] = {0, 0, 0, 0};

@@ -3,6 +3,9 @@
 
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 namespace gdn {
 
@@ -12,6 +15,34 @@ inline float bfloat16_value(uint16_t bits) {
   float value;
   std::memcpy(&value, &widened, sizeof(value));
   return value;
+}
+
+// float16 <-> float32, n values each way: a recurrent state kept in half precision (gated_delta_rule.h's
+// half_state). F16C's conversions where the target has them (GCC 12 leaves the plain loop scalar); a float
+// rounds to the nearest half, ties to even, as torch's copy_ does.
+inline void halves_to_floats(const _Float16* __restrict from, float* __restrict to, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(to + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + i))));
+#elif defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(to + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i))));
+#endif
+  for (; i < n; ++i) to[i] = float(from[i]);
+}
+inline void floats_to_halves(const float* __restrict from, _Float16* __restrict to, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + i),
+                        _mm512_cvtps_ph(_mm512_loadu_ps(from + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(from + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; ++i) to[i] = _Float16(from[i]);
 }
 
 // GCC/Clang vector extensions: one AVX-512 register where available, lowered

@@ -122,6 +122,43 @@ def test_kernel_matches_the_reference(shape, length, first_position, generator, 
     assert torch.equal(functional, output) and state_error(state, expected_state, args[8]) <= TOLERANCE
 
 
+def half_spacing(x: torch.Tensor) -> torch.Tensor:
+    """The gap between adjacent float16 values at each |x| (2^-24 among the subnormals)."""
+    exponent = torch.frexp(x.abs().clamp_min(2.0 ** -14))[1]  # x in [2^(e-1), 2^e)
+    return torch.ldexp(torch.ones_like(x), exponent - 11)
+
+
+@pytest.mark.parametrize("first_position", [0, 9])
+@pytest.mark.parametrize("length", [1, 3, 16, 40])  # token by token, the chunked form from 16
+@pytest.mark.parametrize("shape", [Shape(), Shape(num_k_heads=1, num_v_heads=3, key_dim=20, value_dim=7, taps=2),
+                                   Shape(num_k_heads=2, num_v_heads=2, key_dim=8, value_dim=130, taps=3)],
+                         ids=lambda s: f"Hk{s.num_k_heads}-Hv{s.num_v_heads}-Dk{s.key_dim}-Dv{s.value_dim}")
+def test_float16_state_is_the_float32_recurrence_rounded_once_a_call(shape, length, first_position, generator,
+                                                                     seed):
+    """A float16 state: the kernel computes in float32 from its values and stores the result rounded, so its
+    output is the float32 reference's from the widened state, and each state value lies within half a float16
+    step of that reference's plus the float32 kernel's own error (TOLERANCE of the state's scale, as
+    state_error reads it), one step allowed for the rounding of a value the error moved across a step."""
+    args = random_inputs(shape, length, first_position, generator)
+    args[8] = args[8].half()
+    widened = [*args[:8], args[8].float()]
+    expected_output, _, expected_state = reference_call(widened)
+    conv_state, state = args[7].clone(), args[8].clone()
+    output = torch.full_like(expected_output, float("nan"))
+    torch.ops.gdn.conv_gated_delta_rule.out(*args[:7], conv_state, state, output=output)
+    error = output_error(output, expected_output, widened)
+    assert error <= TOLERANCE, f"seed={seed} output: relative error {error}"
+    assert state.dtype == torch.float16
+    scale = max(expected_state.abs().max().item(), args[8].abs().max().item())
+    allowed = half_spacing(expected_state) + TOLERANCE * scale
+    excess = ((state.float() - expected_state).abs() / allowed).max().item()
+    assert excess <= 1.0, f"seed={seed} state: {excess} of the allowed distance from the reference"
+    # The reference itself keeps the same contract: its float16 state is its float32 result rounded.
+    reference_output, _, reference_state = reference_call(args)
+    assert reference_state.dtype == torch.float16 and torch.equal(reference_state, expected_state.half())
+    assert torch.equal(reference_output, expected_output)
+
+
 def test_prefill_then_decode_carries_both_states(generator, seed):
     """A prompt, then tokens one at a time, on the kernel's own states: the same as the reference's chain."""
     shape = Shape()
@@ -146,7 +183,8 @@ def test_prefill_then_decode_carries_both_states(generator, seed):
     (3, lambda t: t[:, :, :0]),  # a conv without taps
     (7, lambda t: t[:, :, :-1]),  # conv_state for a narrower conv
     (8, lambda t: t[0]),  # state without its batch dim
-], ids=["qkv-dtype", "positions-dtype", "a-length", "conv-no-taps", "conv-state-width", "state-rank"])
+    (8, lambda t: t.bfloat16()),  # a state of neither float32 nor float16
+], ids=["qkv-dtype", "positions-dtype", "a-length", "conv-no-taps", "conv-state-width", "state-rank", "state-dtype"])
 def test_bad_input_raises_the_reference_error_and_writes_nothing(index, breakage, generator):
     args = random_inputs(Shape(), 3, 5, generator)
     args[index] = breakage(args[index])
@@ -181,12 +219,18 @@ class StatefulLayer(torch.nn.Module):
                                                    self.conv_state, self.state)
 
 
-def test_pte_prefill_and_decode_match_the_reference(generator, seed):
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.float16])
+def test_pte_prefill_and_decode_match_the_reference(state_dtype, generator, seed):
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge
     from executorch.runtime import Runtime
 
     shape = WIDE
     prompt = random_inputs(shape, 70, 0, generator)  # the threaded conv, then the chunked recurrence
+    prompt[8] = prompt[8].to(state_dtype)
+    # A float16 state rounds after each call in the program and in the reference alike, but float32's last bits
+    # may tip a near-tie one float16 step (2^-11 of a value) apart, which later calls carry: an output, the
+    # state's values summed against a unit query, then moves by up to that share of the state's scale (4e-5 seen).
+    tolerance = TOLERANCE if state_dtype == torch.float32 else 2.0 ** -11
     length = torch.export.Dim("length", min=1, max=80)
     example = (*prompt[:3], prompt[6])
     exported = torch.export.export(StatefulLayer(prompt[3:6], prompt[7:]), example,
@@ -204,4 +248,4 @@ def test_pte_prefill_and_decode_match_the_reference(generator, seed):
         expected = torch.full_like(actual, float("nan"))
         conv_gated_delta_rule_out(*args[:3], *prompt[3:6], args[6], *states, output=expected)
         error = relative_error(actual, expected)
-        assert error <= TOLERANCE, f"seed={seed} call {step}: relative error {error}"
+        assert error <= tolerance, f"seed={seed} call {step}: relative error {error}"

@@ -224,6 +224,7 @@ def eager_step_logits(model, prompt_ids, continuation):
 def test_quantized_programs_stay_close(exported, variant, quantize, backend, lowering_error, max_quantization_error,
                                        generator):
     from gdn_export import load_qwen35, rewrite
+    from gdn_export.passes import keep_recurrent_states_in
     from gdn_export.quantize import quantize_model
 
     checkpoint = exported.checkpoint(variant)
@@ -233,6 +234,7 @@ def test_quantized_programs_stay_close(exported, variant, quantize, backend, low
     prompt = fresh_prompt(8, generator)
     continuation = hugging_face_greedy(hf, prompt, 16)[:-1]
     eager = quantize_model(rewrite(load_qwen35(checkpoint, max_seq_len=128), backend="xnnpack"), quantize)
+    keep_recurrent_states_in(eager, torch.float16)  # as a quantized CPU program keeps them by default
     expected = eager_step_logits(eager, prompt, continuation)
     actual = pte_step_logits(runner, prompt, continuation)
     logit_range = (expected.max() - expected.min()).item()
@@ -240,6 +242,48 @@ def test_quantized_programs_stay_close(exported, variant, quantize, backend, low
     unquantized = hugging_face_step_logits(hf, prompt, continuation)
     spread = (unquantized - unquantized.mean(-1, keepdim=True)).norm()
     assert ((actual - unquantized).norm() / spread).item() <= max_quantization_error
+
+
+@pytest.mark.parametrize("options, expected", [
+    ({"quantize": "8da4w_avx2"}, torch.float16),  # a quantized CPU program's default
+    ({"quantize": "8da4w_avx2", "state_dtype": "float32"}, torch.float32),
+    ({}, torch.float32),  # fp32's default
+    ({"state_dtype": "float16"}, torch.float16),
+], ids=["quantized", "quantized-float32", "fp32", "fp32-float16"])
+def test_cpu_programs_keep_the_recurrent_state_in_the_chosen_dtype(exported, options, expected, generator, seed,
+                                                                    tmp_path):
+    """The state a program saves is in ``--state-dtype``'s dtype, and the logits and states are the eager model's
+    with its states kept so (through the op's reference, which rounds a float16 state once a call)."""
+    from safetensors.torch import load_file
+
+    from gdn_export import load_qwen35, rewrite
+    from gdn_export.passes import keep_recurrent_states_in
+    from gdn_export.quantize import quantize_model
+    from gdn_export.session import Session
+
+    checkpoint = exported.checkpoint("tied")
+    session = Session(ProgramRunner(exported.program("tied", **options)))
+    prompt, continuation = fresh_prompt(9, generator), fresh_prompt(4, generator)
+    actual = [session.feed(prompt).clone()] + [session.feed([token]).clone() for token in continuation]
+    session.save(tmp_path / "state")
+    saved = load_file(tmp_path / "state")
+    eager = rewrite(load_qwen35(checkpoint, max_seq_len=128), backend="xnnpack")
+    if "quantize" in options:
+        eager = quantize_model(eager, options["quantize"])
+    keep_recurrent_states_in(eager, expected)
+    expected_logits = eager_step_logits(eager, prompt, continuation)
+    # The fp32 programs' arithmetic differs from eager's in last bits only; a quantized one may round an int8
+    # activation a level apart (test_quantized_programs_stay_close's bound for 8da4w_avx2).
+    bound = 0.06 if "quantize" in options else 1e-4
+    logit_range = (expected_logits.max() - expected_logits.min()).item()
+    error = (torch.stack(actual) - expected_logits).abs().max().item()
+    assert error <= bound * logit_range, f"seed={seed}: {error} of a range of {logit_range}"
+    states = {name: module.recurrent_state for name, module in eager.named_modules() if hasattr(module, "conv1d")}
+    assert states
+    for name, state in states.items():
+        program_state = saved[f"{name}.recurrent_state"]
+        assert program_state.dtype == expected == state.dtype, name
+        assert (program_state.float() - state.float()).abs().max().item() <= bound * state.abs().max().item(), name
 
 
 def quantized_bytes(model, quantize):

@@ -73,6 +73,8 @@ def test_bad_checkpoint(checkpoint, tmp_path, capsys, damage, message):
         (["--max-seq-len", "1"], "--max-seq-len"),
         (["--prefill-chunk", "300", "--max-seq-len", "256"], "--prefill-chunk"),
         (["--quantize", "8da4w", "--backend", "portable"], "8da4w needs --backend xnnpack"),
+        (["--state-dtype", "float16", "--backend", "cuda"], "--state-dtype float16 needs --backend xnnpack or portable"),
+        (["--state-dtype", "float16", "--dtype", "bf16"], "--state-dtype float16 needs --dtype fp32"),
     ],
 )
 def test_bad_flag_values(checkpoint, tmp_path, capsys, flags, message):
@@ -106,7 +108,8 @@ def _must_not_load(*args, **kwargs):
     raise AssertionError("the model was loaded before the backend's machine check")
 
 
-@pytest.mark.parametrize("flags", [["--backend", "tpu"], ["--dtype", "fp8"], ["--quantize", "int3"]])
+@pytest.mark.parametrize("flags", [["--backend", "tpu"], ["--dtype", "fp8"], ["--quantize", "int3"],
+                                   ["--state-dtype", "bfloat16"]])
 def test_flag_choices_are_checked_by_the_parser(checkpoint, tmp_path, flags):
     output = tmp_path / "model.pte"
     with pytest.raises(SystemExit) as exit_info:

@@ -10,8 +10,10 @@ from gdn_export.passes.recurrence import (
     give_attention_layers_the_op,
     give_gated_norms_the_op,
     give_layers_the_conv_op,
+    keep_recurrent_states_in,
     rewrite,
 )
 
 __all__ = ["CachedAttentionOp", "ConvOpGatedDeltaNet", "FusedOpRecurrence", "GatedAttentionOp", "GatedRMSNormOp", "InplaceOpRecurrence",
-           "give_attention_layers_the_op", "give_gated_norms_the_op", "give_layers_the_conv_op", "rewrite"]
+           "give_attention_layers_the_op", "give_gated_norms_the_op", "give_layers_the_conv_op",
+           "keep_recurrent_states_in", "rewrite"]

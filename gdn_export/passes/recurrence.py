@@ -38,6 +38,7 @@ from torch import nn
 
 from gdn_export.backends import get_backend
 from gdn_export.models.qwen35 import MLP, GatedAttention, GatedDeltaNet, GatedRMSNorm
+from gdn_export.ops.conv_recurrence import STATE_DTYPES
 from gdn_export.ops.fused import gating, split_heads  # importing gdn_export.ops defines torch.ops.gdn
 from gdn_export.passes.linear_groups import merge_linears
 
@@ -61,15 +62,26 @@ class FusedOpRecurrence(nn.Module):
 class ConvOpGatedDeltaNet(GatedDeltaNet):
     """A Gated DeltaNet layer whose causal conv, gates and recurrence are one ``gdn::conv_gated_delta_rule``, where
     the model's form made, a layer at a token in a CPU program, some twenty calls of portable kernels and ours and
-    as many small XNNPACK ops, each waking the thread pool. The op takes float32; a layer of another dtype keeps
-    the model's form."""
+    as many small XNNPACK ops, each waking the thread pool. The op takes float32, and a float16 recurrent state
+    (``keep_recurrent_states_in``); a layer of another dtype keeps the model's form."""
 
     def convolved_recurrence(self, qkv, a, b, positions) -> torch.Tensor:
-        tensors = (qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias, self.conv_state, self.recurrent_state)
-        if any(tensor.dtype != torch.float32 for tensor in tensors):
+        tensors = (qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias, self.conv_state)
+        if any(tensor.dtype != torch.float32 for tensor in tensors) or self.recurrent_state.dtype not in STATE_DTYPES:
             return super().convolved_recurrence(qkv, a, b, positions)
         return torch.ops.gdn.conv_gated_delta_rule(qkv, a, b, self.conv1d.weight, self.A_log, self.dt_bias,
                                                    positions, self.conv_state, self.recurrent_state)
+
+
+def keep_recurrent_states_in(model: nn.Module, dtype: torch.dtype) -> None:
+    """Every Gated DeltaNet layer's recurrent state in ``dtype`` (zeroed, as a new sequence's): float16 only where
+    the layer is a ``ConvOpGatedDeltaNet``, whose op keeps it (``STATE_DTYPES``); ValueError otherwise."""
+    for name, module in model.named_modules():
+        if isinstance(module, GatedDeltaNet) and module.recurrent_state.dtype != dtype:
+            if dtype != torch.float32 and not (type(module) is ConvOpGatedDeltaNet and dtype in STATE_DTYPES):
+                raise ValueError(f"{name}: a {dtype} recurrent state needs the conv op's float32 layer "
+                                 f"(a CPU backend's), got {type(module).__name__}")
+            module.recurrent_state = torch.zeros_like(module.recurrent_state, dtype=dtype)
 
 
 def give_layers_the_conv_op(model: nn.Module) -> None:
