@@ -376,9 +376,11 @@ inline Vec load_state(const _Float16* p) {
 }
 inline void store_state(_Float16* p, Vec v) {
 #if defined(__AVX512F__)
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(__m512(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtps_ph(__m512(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #elif defined(__F16C__)
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(__m256(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm256_cvtps_ph(__m256(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #else
   for (int i = 0; i < kLanes; ++i) p[i] = _Float16(v[i]);
 #endif
@@ -441,7 +443,8 @@ void write_state(int vectors, int64_t dk, const State* source, int64_t source_st
 }
 
 // One value head, token by token, on its state where it lies: State is float, or _Float16 for a half state,
-// widened and rounded in registers (each token's state rounded once, as the reference rounds a call's).
+// widened and rounded in registers, each token's state rounded once (only one-token calls take this path with
+// a half state: the reference rounds once a call).
 template <class State>
 void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::vector<float>& scratch) {
   const int64_t dk = p.key_dim, dv = p.value_dim;
@@ -517,7 +520,8 @@ void recurrent_head(const GatedDeltaRuleProblem& p, const HeadIndex& head, std::
     }
     for (int64_t c = 0; c < dk; ++c)
       for (int64_t j = vector_columns; j < dv; ++j)
-        target[c * target_row_stride + j] = State(decay[c] * float(source[c * source_row_stride + j]) + key[c] * update[j]);
+        target[c * target_row_stride + j] =
+            State(decay[c] * float(source[c * source_row_stride + j]) + key[c] * update[j]);
     store_output(p, head, t, output);
     source = target;
     source_row_stride = target_row_stride;
