@@ -91,6 +91,7 @@ bool dense_float(KernelRuntimeContext& ctx, const Tensor& tensor, const char* na
     if (tensor.size(d) != 1 && tensor.strides()[d] != expected) dense = false;
     expected *= tensor.size(d);
   }
+  if (tensor.numel() == 0) dense = true;  // no element to place (cos and sin when nothing is rotated)
   ET_KERNEL_CHECK_MSG(ctx, tensor.scalar_type() == ScalarType::Float && dense, InvalidArgument, false,
                       "%s: %s must be a dense float32 tensor", op, name);
   return true;
@@ -141,9 +142,9 @@ void gated_attention_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   ET_KERNEL_CHECK_MSG(ctx, stack[3]->toTensor().numel() == dim && stack[4]->toTensor().numel() == dim,
                       InvalidArgument, , "%s: q_norm_weight and k_norm_weight must be [D=%zd]", op, ssize_t(dim));
   const int64_t rotary_dim = cos.dim() == 2 ? cos.size(1) : 0;
-  ET_KERNEL_CHECK_MSG(ctx, cos.dim() == 2 && cos.size(0) == length && rotary_dim % 2 == 0 && rotary_dim >= 2 &&
+  ET_KERNEL_CHECK_MSG(ctx, cos.dim() == 2 && cos.size(0) == length && rotary_dim % 2 == 0 && rotary_dim >= 0 &&
                                rotary_dim <= dim && stack[6]->toTensor().numel() == cos.numel(),
-                      InvalidArgument, , "%s: cos and sin must be [T=%zd, R], R even from 2 to D=%zd", op,
+                      InvalidArgument, , "%s: cos and sin must be [T=%zd, R], R even from 0 to D=%zd", op,
                       ssize_t(length), ssize_t(dim));
   ET_KERNEL_CHECK_MSG(ctx, input_pos.scalar_type() == ScalarType::Long && input_pos.numel() == 1, InvalidArgument, ,
                       "%s: input_pos must be an int64 tensor of shape [1]", op);

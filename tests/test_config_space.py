@@ -9,7 +9,7 @@ and a few decode steps in ExecuTorch's runtime. Its logits must equal
 transformers' within 1e-4 of their largest magnitude.
 
 Size: CI_EXAMPLES (3) drawn configs a run plus the explicit ``@example`` cases
-(every config that ever failed; 1 now), so 4 exports of 1 to 3 layers. Measured
+(every config that ever failed; 2 now), so 5 exports of 1 to 3 layers. Measured
 2026-11-24 on this project's 2-core machine, shared with other jobs (load 5 to
 10): 390 s wall, 145 s of CPU (user + sys) for the whole test, 10 to 70 s of
 it an export's to_edge/partition step; 124 s wall (110 s CPU) at a lighter load.
@@ -169,6 +169,17 @@ def check_case(case: dict) -> None:
         linear_conv_kernel_dim=4, intermediate_size=16,
     ),
     weights_seed=1, tokens_seed=2, prompt_length=5, poison_length=2,
+))
+# No rotation (partial_rotary_factor 0, GDN_TEST_SEED=148903906): gdn::gated_attention refused its empty cos and
+# sin ([T, 0]) at export.
+@example(case=dict(
+    config=dict(
+        layer_types=(FULL_ATTENTION,), tie_word_embeddings=False, hidden_size=16, num_key_value_heads=1,
+        num_attention_heads=2, head_dim=8, partial_rotary_factor=0.0, attention_bias=True,
+        linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
+        linear_conv_kernel_dim=4, intermediate_size=16,
+    ),
+    weights_seed=3, tokens_seed=4, prompt_length=5, poison_length=2,
 ))
 def test_exported_program_matches_transformers(run_seed, case):
     note(f"GDN_TEST_SEED={run_seed}")  # with the drawn case in every failure, errors of the run included

@@ -260,6 +260,7 @@ def test_cpu_programs_keep_the_recurrent_state_in_the_chosen_dtype(exported, opt
     from gdn_export.passes import keep_recurrent_states_in
     from gdn_export.quantize import quantize_model
     from gdn_export.session import Session
+    from tests.test_conv_recurrence import half_spacing
 
     checkpoint = exported.checkpoint("tied")
     session = Session(ProgramRunner(exported.program("tied", **options)))
@@ -283,7 +284,10 @@ def test_cpu_programs_keep_the_recurrent_state_in_the_chosen_dtype(exported, opt
     for name, state in states.items():
         program_state = saved[f"{name}.recurrent_state"]
         assert program_state.dtype == expected == state.dtype, name
-        assert (program_state.float() - state.float()).abs().max().item() <= bound * state.abs().max().item(), name
+        # A float16 state may also round a near-tie one float16 step apart (GDN_TEST_SEED=148903906: 7.6e-6 where
+        # the values reach 0.055, whose step is 3.1e-5).
+        allowed = bound * state.abs().max().item() + (half_spacing(state.float()) if expected == torch.float16 else 0)
+        assert ((program_state.float() - state.float()).abs() <= allowed).all(), name
 
 
 def quantized_bytes(model, quantize):

@@ -44,11 +44,12 @@ def call_inputs(shape, start: int, length: int, generator) -> tuple:
             angles.cos(), angles.sin(), torch.tensor([start]))
 
 
-# (H, Hkv, D, R): the 0.8B's attention, and heads of an odd width with a short rotation.
-SHAPES = [(8, 2, 256, 64), (4, 2, 24, 6)]
+# (H, Hkv, D, R): the 0.8B's attention, heads of an odd width with a short rotation, and none rotated
+# (partial_rotary_factor 0: GDN_TEST_SEED=148903906 drew it in test_config_space).
+SHAPES = [(8, 2, 256, 64), (4, 2, 24, 6), (4, 2, 24, 0)]
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=["0.8B", "narrow"])
+@pytest.mark.parametrize("shape", SHAPES, ids=["0.8B", "narrow", "unrotated"])
 def test_program_kernel_matches_the_reference(shape, seed, generator):
     """A prompt of 19 tokens (cached_attention's tiled path), decode steps, then a chunk of 5: each call reads the
     keys and values the earlier ones wrote."""
@@ -81,7 +82,8 @@ def test_program_kernel_matches_the_reference(shape, seed, generator):
             f"seed {seed} call {step}: largest difference {(actual - expected).abs().max().item()}"
 
 
-@pytest.mark.parametrize("shape", [(8, 2, 40, 0.5), (4, 4, 16, 0.25)], ids=["grouped", "one-per-head"])
+@pytest.mark.parametrize("shape", [(8, 2, 40, 0.5), (4, 4, 16, 0.25), (4, 2, 16, 0.0)],
+                         ids=["grouped", "one-per-head", "unrotated"])
 def test_reference_is_the_models_layer(shape, seed, generator):
     """The model's layer (its attention through ``gdn::cached_attention``) and the same layer through the op give
     the same floats and leave the same caches, over a prompt and a step."""

@@ -294,6 +294,10 @@ def rotary_embedding(positions: torch.Tensor, config: Qwen35Config, dtype: torch
     built on the meta device needs no buffer but its caches filled in.
     """
     dim = config.rotary_dim
+    if dim == 0:  # partial_rotary_factor 0: nothing rotated. Empty tables sliced from the positions, since
+        # ExecuTorch cannot emit the tensor of a symbolic shape the products below make of an empty frequency list.
+        empty = positions.to(dtype)[:, None][:, :0]
+        return empty, empty
     channels = torch.arange(0, dim, 2, dtype=torch.float32, device=positions.device)
     # A float divisor: an int one is a mixed-type division, the one op for which ExecuTorch's edge lowering
     # re-traces the whole program to insert a cast (runtime_ops.xnnpack_lowering's EDGE_PASS_REWRITES).

@@ -65,8 +65,9 @@ def check_gated_attention_inputs(q_gate, key, value, q_norm_weight, k_norm_weigh
     for name in ("q_norm_weight", "k_norm_weight"):
         if list(named[name].shape) != [head_dim]:
             raise ValueError(f"gdn.gated_attention: {name} must be [D={head_dim}], got {list(named[name].shape)}")
-    if cos.dim() != 2 or cos.shape[0] != length or cos.shape[1] % 2 or not 2 <= cos.shape[1] <= head_dim:
-        raise ValueError(f"gdn.gated_attention: cos must be [T={length}, R], R even from 2 to D={head_dim}, got "
+    # R = 0 (partial_rotary_factor 0) rotates nothing.
+    if cos.dim() != 2 or cos.shape[0] != length or cos.shape[1] % 2 or not 0 <= cos.shape[1] <= head_dim:
+        raise ValueError(f"gdn.gated_attention: cos must be [T={length}, R], R even from 0 to D={head_dim}, got "
                          f"{list(cos.shape)}")
     if sin.shape != cos.shape:
         raise ValueError(f"gdn.gated_attention: sin must be cos's {list(cos.shape)}, got {list(sin.shape)}")
