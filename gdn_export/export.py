@@ -33,6 +33,7 @@ import torch
 from gdn_export.backends import Backend, backend_names, default_backend, get_backend
 from gdn_export.checkpoint import Checkpoint, read_checkpoint
 from gdn_export.lowering import reporting_stages, return_freed_memory, weights_freed_when_serialized, write_program
+from gdn_export.ops.conv_recurrence import STATE_DTYPES as CONV_OP_STATE_DTYPES
 from gdn_export.quantize import MODES as QUANTIZATIONS
 from gdn_export.quantize import Quantizer, share_tied_vocabulary
 from gdn_export.state_methods import STATE_METHODS, state_metadata
@@ -40,7 +41,7 @@ from gdn_export.state_methods import STATE_METHODS, state_metadata
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # --state-dtype: the Gated DeltaNet layers' recurrent state. float16 halves the bytes a decode step reads and
 # writes of it (gdn_export/ops/conv_recurrence.py); a backend lists what its kernels take (Backend.state_dtypes).
-STATE_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+STATE_DTYPES = {str(dtype).removeprefix("torch."): dtype for dtype in CONV_OP_STATE_DTYPES}
 DEFAULT_MAX_SEQ_LEN = 4096
 DEFAULT_PREFILL_CHUNK = 512
 

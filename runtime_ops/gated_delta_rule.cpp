@@ -359,32 +359,12 @@ float* final_state_of(const GatedDeltaRuleProblem& p, const HeadIndex& head) {
 
 // ---- token by token, on the state memory ----
 
-// A vector of state values as fp32, from a row of the state's element type (float, or _Float16 when the problem's
+// A vector of state values as fp32 from a row of the state's element type (float, or _Float16 when the problem's
 // half_state is set), and back: a half state is widened in registers, so each pass reads it as it lies.
 inline Vec load_state(const float* p) { return load(p); }
 inline void store_state(float* p, Vec v) { store(p, v); }
-inline Vec load_state(const _Float16* p) {
-#if defined(__AVX512F__)
-  return Vec(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
-#elif defined(__F16C__)
-  return Vec(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
-#else
-  Vec v;
-  for (int i = 0; i < kLanes; ++i) v[i] = float(p[i]);
-  return v;
-#endif
-}
-inline void store_state(_Float16* p, Vec v) {
-#if defined(__AVX512F__)
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
-                      _mm512_cvtps_ph(__m512(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#elif defined(__F16C__)
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
-                   _mm256_cvtps_ph(__m256(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#else
-  for (int i = 0; i < kLanes; ++i) p[i] = _Float16(v[i]);
-#endif
-}
+inline Vec load_state(const _Float16* p) { return load_halves(p); }
+inline void store_state(_Float16* p, Vec v) { store_halves(p, v); }
 
 // Head `head`'s state in the half state's memory.
 _Float16* half_state_of(const GatedDeltaRuleProblem& p, const HeadIndex& head) {

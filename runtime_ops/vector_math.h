@@ -17,34 +17,6 @@ inline float bfloat16_value(uint16_t bits) {
   return value;
 }
 
-// float16 <-> float32, n values each way: a recurrent state kept in half precision (gated_delta_rule.h's
-// half_state). F16C's conversions where the target has them (GCC 12 leaves the plain loop scalar); a float
-// rounds to the nearest half, ties to even, as torch's copy_ does.
-inline void halves_to_floats(const _Float16* __restrict from, float* __restrict to, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(to + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + i))));
-#elif defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(to + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i))));
-#endif
-  for (; i < n; ++i) to[i] = float(from[i]);
-}
-inline void floats_to_halves(const float* __restrict from, _Float16* __restrict to, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16)
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + i),
-                        _mm512_cvtps_ph(_mm512_loadu_ps(from + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#elif defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(to + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(from + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-#endif
-  for (; i < n; ++i) to[i] = _Float16(from[i]);
-}
-
 // GCC/Clang vector extensions: one AVX-512 register where available, lowered
 // to narrower registers elsewhere.
 #if defined(__AVX512F__)
@@ -61,6 +33,43 @@ inline void store(float* p, Vec v) { *reinterpret_cast<UnalignedVec*>(p) = v; }
 // x - 0 is x for every float (x + 0 is not: -0 + 0 = +0), so the compiler
 // broadcasts straight from memory.
 inline Vec broadcast(float x) { return x - Vec{}; }
+
+// float16 <-> float32: a recurrent state kept in half precision (gated_delta_rule.h's half_state). A vector of
+// kLanes halves widened, and rounded back (to nearest, ties to even, as torch's copy_): F16C's conversions where
+// the target has them (GCC 12 leaves plain loops of _Float16 scalar), a loop of lanes elsewhere.
+inline Vec load_halves(const _Float16* p) {
+#if defined(__AVX512F__)
+  return Vec(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))));
+#elif defined(__F16C__)
+  return Vec(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#else
+  Vec v;
+  for (int i = 0; i < kLanes; ++i) v[i] = float(p[i]);
+  return v;
+#endif
+}
+inline void store_halves(_Float16* p, Vec v) {
+#if defined(__AVX512F__)
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtps_ph(__m512(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#elif defined(__F16C__)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm256_cvtps_ph(__m256(v), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#else
+  for (int i = 0; i < kLanes; ++i) p[i] = _Float16(v[i]);
+#endif
+}
+// n values each way.
+inline void halves_to_floats(const _Float16* __restrict from, float* __restrict to, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store(to + i, load_halves(from + i));
+  for (; i < n; ++i) to[i] = float(from[i]);
+}
+inline void floats_to_halves(const float* __restrict from, _Float16* __restrict to, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store_halves(to + i, load(from + i));
+  for (; i < n; ++i) to[i] = _Float16(from[i]);
+}
 
 // The largest |x[i]| of n values (0 for none): a row's scale when the kernels round it to integers. Lanes of
 // vectors, then the lanes: the plain loop is a chain of dependent maxima, one value at a time.
