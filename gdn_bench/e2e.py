@@ -85,7 +85,7 @@ SYSTEM_LABELS = {
     "ours_8da4w_avx2": "gdn-export .pte (8da4w_avx2: our 4-bit linears)",
     "ours_8da8w": "gdn-export .pte (XNNPACK 8da8w)",
     "ours_int8wo": "gdn-export .pte (XNNPACK int8wo)",
-    "ours_16da8w": "gdn-export .pte (16da8w: our grouped int8 linears, XNNPACK head)",
+    "ours_16da8w": "gdn-export .pte (16da8w: our grouped int8 linears, 5-bit planes head)",
     "hf": "transformers eager (fp32)",
     "executorch": "ExecuTorch export_llm flow (XNNPACK fp32)",
     **{system: f"llama.cpp {file_type}" for system, file_type in llama_cpp.GGUF_TYPES.items()},

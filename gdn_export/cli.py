@@ -123,7 +123,8 @@ def export_main(argv=None) -> int:
                         "CPUs, fastest where there is AVX2 and no AVX-512 VNNI; xnnpack), "
                         "8da8w (int8 activations, int8 weights; xnnpack), int8wo (int8 weights, float activations; "
                         "XNNPACK's int8-weight kernels on xnnpack) or 16da8w (int8 weights with a scale per group of 32, "
-                        "int16 activations: the 8-bit program closest to fp32, on our kernels; xnnpack)")
+                        "int16 activations: the 8-bit program closest to fp32, on our kernels, the token table in 8 bits, which a "
+                        "tied output head reads as 5-bit weights; xnnpack)")
     parser.add_argument("--state-dtype", default=None, choices=tuple(STATE_DTYPES),
                         help="the Gated DeltaNet layers' recurrent state (default: float16 for a quantized xnnpack "
                         "or portable program, which halves a decode step's state traffic for a KL change of some "

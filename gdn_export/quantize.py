@@ -39,9 +39,13 @@
   kernel for int8 weights in groups. On the 0.8B shape a scale per output
   channel costs most of ``int8wo``'s KL: with the table and head the same,
   groups of 32 took the mean KL from 0.00342 to 0.00218, under Q8_0's 0.0026
-  (groups of 64: 0.00241, 128: 0.00269). The token table and a tied head keep
-  ``int8wo``'s int8 rows, which the program stores once for both (a scale per
-  group there too would reach 0.00158, but only with a second copy).
+  (groups of 64: 0.00241, 128: 0.00269). The token table is the 4-bit
+  programs' two-plane table (below), which a tied head reads as 5-bit weights
+  (the high plane and a ``fifth`` plane, one bit a weight): the head is a
+  decode step's largest read, 254 MB in 8 bits, 167 MB so. With the table's
+  unit per group the program's KL fell from 0.00226 to 0.00202 eagerly (a
+  4-bit head: 0.00322, over Q8_0's; a 6-bit one 0.00173; docs/benchmarks.md,
+  run 41). An untied head keeps ``int8wo``'s rows.
 
 The other modes quantize the token embedding, weight-only, in 8 bits, one
 scale a row (torchao's ``IntxWeightOnlyConfig``): on XNNPACK the lookup goes to
@@ -91,6 +95,9 @@ from torch import nn
 MODES = ("none", "8da4w", "8da4w_avx2", "8da8w", "int8wo", "16da8w")
 # The 4-bit modes: the same table, head and 4-bit groups; 8da4w_avx2's linears on our own kernel.
 FOUR_BIT_MODES = ("8da4w", "8da4w_avx2")
+# Modes whose token table is a PlanesVocabulary, and those whose tied head reads its fifth plane too.
+PLANES_MODES = FOUR_BIT_MODES + ("16da8w",)
+FIVE_BIT_HEAD_MODES = ("16da8w",)
 # Group sizes of 4-bit weights, the preferred first: 32 is llama.cpp's Q4_0 block (ExecuTorch's llama
 # export defaults to 128, which measured 0.258 against 0.226 mean KL with everything else equal).
 GROUP_SIZES_4BIT = (32, 64, 128)
@@ -109,7 +116,8 @@ INT8_ROWS_BLOCK_ELEMENTS = 1 << 24
 
 class PlanesVocabulary(nn.Module):
     """A token table as two 4-bit planes of 8-bit codes (``gdn_export.ops.vocabulary_planes``), the buffers
-    that ``PlanesEmbedding`` and a tied ``PlanesHead`` share."""
+    that ``PlanesEmbedding`` and a tied ``PlanesHead`` share; ``fifth`` (None until ``add_fifth_plane``) the
+    plane a 5-bit head reads besides the high one."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
@@ -117,6 +125,12 @@ class PlanesVocabulary(nn.Module):
 
         for name, tensor in zip(("high", "low", "row_units", "group_units"), to_vocabulary_planes(weight.detach())):
             self.register_buffer(name, tensor)
+        self.register_buffer("fifth", None)
+
+    def add_fifth_plane(self) -> None:
+        from gdn_export.ops.vocabulary_planes import fifth_plane
+
+        self.fifth = fifth_plane(self.low)
 
 
 def _planes_fit(weight: torch.Tensor) -> bool:
@@ -137,7 +151,8 @@ class PlanesEmbedding(nn.Module):
 
 
 class PlanesHead(nn.Module):
-    """The output head on a tied ``PlanesEmbedding``'s table, reading its high plane (4 bits).
+    """The output head on a tied ``PlanesEmbedding``'s table, reading its high plane (4 bits), and its fifth
+    plane (5 bits) where the table has one.
 
     The head refers to the table without registering it as a submodule: the model's buffers then name each
     plane once (as ``embed_tokens.vocabulary.*``) and ``torch.export`` lifts one constant of each, which
@@ -149,13 +164,14 @@ class PlanesHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         v = self.vocabulary
-        return torch.ops.gdn.planes_logits(x.float(), v.high, v.row_units, v.group_units)
+        return torch.ops.gdn.planes_logits(x.float(), v.high, v.row_units, v.group_units, v.fifth)
 
 
 class Quantizer:
     """``quantize_module`` for each module of one model, called in the loader's order
-    (``gdn_export.loading.load_model``'s ``transform``): in ``8da4w`` the head of a tied table, which comes
-    right after the table with the same float weight, gets the table's planes instead of planes of its own."""
+    (``gdn_export.loading.load_model``'s ``transform``): in ``PLANES_MODES`` the head of a tied table, which
+    comes right after the table with the same float weight, reads the table's planes (adding the fifth in
+    ``FIVE_BIT_HEAD_MODES``) instead of weights of its own."""
 
     def __init__(self, mode: str):
         if mode not in MODES:
@@ -164,8 +180,10 @@ class Quantizer:
         self._planes = None  # (a weak reference to the float table, its PlanesVocabulary)
 
     def __call__(self, name: str, module: nn.Module) -> nn.Module:
-        if (self.mode in FOUR_BIT_MODES and isinstance(module, nn.Linear) and name.rpartition(".")[2] == "lm_head"
+        if (self.mode in PLANES_MODES and isinstance(module, nn.Linear) and name.rpartition(".")[2] == "lm_head"
                 and self._planes is not None and self._planes[0]() is module.weight):
+            if self.mode in FIVE_BIT_HEAD_MODES:
+                self._planes[1].add_fifth_plane()
             return PlanesHead(self._planes[1])
         table = getattr(module, "weight", None)
         replacement = quantize_module(module, self.mode, name)
@@ -343,7 +361,7 @@ def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:
     the model, quantized for a program of ``mode``.
 
     Linears and embeddings are quantized in place (their weight becomes a torchao
-    quantized tensor), but for ``8da4w``'s embedding, which is replaced by a
+    quantized tensor), but for the embedding of ``PLANES_MODES``, which is replaced by a
     ``PlanesEmbedding`` (a tied head's ``PlanesHead`` comes from ``Quantizer``,
     which sees the tie), and ``16da8w``'s linears, replaced by ``GroupedInt8Linear``
     (one whose shape its tiles do not fit gets ``int8wo``'s rows). A 4-bit layer
@@ -351,7 +369,7 @@ def quantize_module(module: nn.Module, mode: str, name: str = "") -> nn.Module:
     """
     if mode not in MODES:
         raise ValueError(f"quantize mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode in FOUR_BIT_MODES and isinstance(module, nn.Embedding) and _planes_fit(module.weight):
+    if mode in PLANES_MODES and isinstance(module, nn.Embedding) and _planes_fit(module.weight):
         return PlanesEmbedding(PlanesVocabulary(module.weight))
     mode = module_mode(name, mode)
     if mode == "none" or not isinstance(module, (nn.Linear, nn.Embedding)):
@@ -419,9 +437,10 @@ def int8_rows(weight: torch.Tensor, activation_quantization=None):
 def lookup_only_bytes(mode: str, vocab_size: int, hidden_size: int, tied: bool) -> int:
     """Bytes of a ``mode`` program's token table that only the lookup reads (one row a token), not the
     output head (every row, every step): what a decode step does not stream of the file. fp32 (``none``)
-    programs keep the table beside XNNPACK's own copy of the head; an 8da4w tied head reads the high plane
-    and leaves the low one; the other modes' tied heads read the table's own int8 rows. An untied table is
-    the lookup's alone (its codes counted, its scales, under 1% of them, not)."""
+    programs keep the table beside XNNPACK's own copy of the head; a tied planes head (``PLANES_MODES``)
+    reads the high plane (and the fifth) and leaves the low one; the other modes' tied heads read the
+    table's own int8 rows. An untied table is the lookup's alone (its codes counted, its scales, under 1% of
+    them, not)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     weights = vocab_size * hidden_size
@@ -429,7 +448,7 @@ def lookup_only_bytes(mode: str, vocab_size: int, hidden_size: int, tied: bool) 
         return 4 * weights
     if not tied:
         return weights
-    return weights // 2 if mode in FOUR_BIT_MODES else 0
+    return weights // 2 if mode in PLANES_MODES else 0
 
 
 def share_tied_vocabulary(model: nn.Module) -> bool:

@@ -69,14 +69,30 @@ void planes_embedding_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   planes_embedding(table, ids, tokens.numel(), output.mutable_data_ptr<float>(), executorch_parallel_for);
 }
 
-// gdn::planes_logits.out(x, high, row_units, group_units, out): x [..., width] float32 -> out [..., rows] float32
+// gdn::planes_logits.out(x, high, row_units, group_units, fifth, out): x [..., width] float32 -> out [..., rows]
+// float32; fifth None (a 4-bit head) or [rows, width / 8] uint8 (a 5-bit one). Programs exported before the
+// op took `fifth` call it without (their stack: the four inputs, out, the returned out), as a 4-bit head.
 void planes_logits_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   constexpr const char* kOp = "gdn.planes_logits.out";
-  if (!tensor_arguments(ctx, stack, 5, kOp)) return;
+  if (!tensor_arguments(ctx, stack, 4, kOp)) return;
+  const bool takes_fifth = stack.size() >= 7;
+  const size_t out_at = takes_fifth ? 5 : 4;
+  ET_KERNEL_CHECK_MSG(ctx, stack.size() > out_at && stack[out_at]->isTensor() &&
+                               (!takes_fifth || stack[4]->isNone() || stack[4]->isTensor()),
+                      InvalidArgument, , "%s: expected x, high, row_units, group_units, fifth (None or a Tensor) "
+                      "and out", kOp);
   const Tensor& x = stack[0]->toTensor();
-  Tensor& output = stack[4]->toTensor();
+  Tensor& output = stack[out_at]->toTensor();
   VocabularyPlanes table;
   if (!read_table(ctx, kOp, stack[1]->toTensor(), nullptr, stack[2]->toTensor(), stack[3]->toTensor(), table)) return;
+  if (takes_fifth && stack[4]->isTensor()) {
+    const Tensor& fifth = stack[4]->toTensor();
+    ET_KERNEL_CHECK_MSG(ctx, fifth.scalar_type() == ScalarType::Byte && fifth.dim() == 2 &&
+                                 fifth.size(0) == table.rows && fifth.size(1) == table.width / 8,
+                        InvalidArgument, , "%s: fifth must be None or uint8 [%zd, %zd]", kOp, ssize_t(table.rows),
+                        ssize_t(table.width / 8));
+    table.fifth = fifth.const_data_ptr<uint8_t>();
+  }
   ET_KERNEL_CHECK_MSG(ctx, x.scalar_type() == ScalarType::Float && output.scalar_type() == ScalarType::Float &&
                                x.dim() >= 1 && x.dim() <= 8 && x.size(x.dim() - 1) == table.width,
                       InvalidArgument, , "%s: x must be float32 [..., %zd] and out float32", kOp,

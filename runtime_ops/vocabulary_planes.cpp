@@ -2,7 +2,9 @@
 // shape), so its loop reads each run of the high plane once, splits it into vectors of nibbles and takes
 // their integer dot products with the int8 activations: two runs a 512-bit vector where the compiler targets
 // AVX-512 BW and VNNI; one run a 256-bit vector with AVX-VNNI's or AVX2's multiply-add pairs otherwise;
-// plain C++ elsewhere.
+// plain C++ elsewhere. A 5-bit head shifts each nibble up one bit and adds the fifth plane's bit (a masked
+// add of mask registers loaded from the plane with AVX-512; bits spread into bytes with AVX2) before the
+// same products.
 #include "vocabulary_planes.h"
 #include "vector_math.h"  // bfloat16_value, max_magnitude
 
@@ -28,19 +30,36 @@ namespace {
 constexpr int64_t kGroupMultiple = 32;  // a group holds a multiple of 32 weights (one 32-byte half of a run)
 // A high nibble h stands for the codes 16 (h - 8) .. 16 (h - 8) + 15: the head reads their middle.
 constexpr float kHighOffset = 8.0f - 15.0f / 32.0f;
+// With the fifth bit b, v = 2 h + b stands for the codes 8 (v - 16) .. 8 (v - 16) + 7.
+constexpr float kFifthOffset = 16.0f - 7.0f / 16.0f;
+
+// A head weight's value (the high nibble, or with the fifth plane 2 * nibble + bit) and what it is scaled by.
+template <bool kFifth>
+struct HeadBits {
+  static constexpr float kOffset = kFifth ? kFifthOffset : kHighOffset;
+  static constexpr float kScale = kFifth ? 8.0f : 16.0f;
+  // Weight `index` of a row (its plane rows at high and fifth), plainly.
+  static int32_t value(const uint8_t* high, const uint8_t* fifth, int64_t index) {
+    const int64_t run = index / 64, j = index % 64;
+    const uint8_t byte = high[32 * run + j % 32];
+    const int32_t nibble = j < 32 ? byte & 0x0F : byte >> 4;
+    if constexpr (kFifth) return 2 * nibble + ((fifth[index / 8] >> (index % 8)) & 1);
+    return nibble;
+  }
+};
 // Rows ahead that either head loop asks the cache for. The table streams from memory, a row of the high plane
 // at a time, and with the hardware prefetcher alone a decode step's head took a tenth to a fifth longer in
 // ExecuTorch's event tracer, in both the 512-bit and the 256-bit (x86-64-v3 build) loops on Zen 4.
 constexpr int64_t kPrefetchRows = 8;
 
-// One token's activations in int8 with one max-abs scale, and per 32 values kHighOffset * their sum.
+// One token's activations in int8 with one max-abs scale, and per 32 values the head's offset * their sum.
 struct Int8Activations {
   std::vector<int8_t> values;       // [width]
   std::vector<float> half_offsets;  // [width / 32]
   float scale = 0.0f;
 };
 
-void quantize_activations(const float* x, int64_t width, Int8Activations& out) {
+void quantize_activations(const float* x, int64_t width, float offset, Int8Activations& out) {
   out.values.resize(width);
   out.half_offsets.assign(width / kGroupMultiple, 0.0f);
   out.scale = max_magnitude(x, width) / 127.0f;
@@ -48,8 +67,14 @@ void quantize_activations(const float* x, int64_t width, Int8Activations& out) {
   for (int64_t i = 0; i < width; ++i) {
     const int32_t q = std::clamp(static_cast<int32_t>(std::nearbyint(x[i] * inverse)), -127, 127);
     out.values[i] = static_cast<int8_t>(q);
-    out.half_offsets[i / kGroupMultiple] += kHighOffset * float(q);
+    out.half_offsets[i / kGroupMultiple] += offset * float(q);
   }
+}
+
+inline int64_t load_u64(const uint8_t* bytes) {
+  int64_t word;
+  std::memcpy(&word, bytes, sizeof(word));
+  return word;
 }
 
 #if defined(__AVX2__)
@@ -62,6 +87,24 @@ inline __m256i add_pair_products(__m256i acc, __m256i a, __m256i b) {
 #else
   return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
 #endif
+}
+
+// A run's 64 bits (broadcast to every 64-bit lane) as two vectors of 32 bytes, 0 or -1: bits 0..31, then
+// 32..63 (bit i of either half -> byte i).
+struct RunBits {
+  __m256i first, second;
+};
+
+inline RunBits run_bits(const uint8_t* bits) {
+  const __m256i word = _mm256_set1_epi64x(load_u64(bits));
+  const __m256i select = _mm256_set1_epi64x(int64_t(0x8040201008040201ull));
+  // Byte i of a half gets the word's byte i / 8 (+ 4 for the second half).
+  const __m256i first = _mm256_shuffle_epi8(word, _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                                   2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i second = _mm256_shuffle_epi8(word, _mm256_setr_epi8(4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5,
+                                                                    6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7));
+  return {_mm256_cmpeq_epi8(_mm256_and_si256(first, select), select),
+          _mm256_cmpeq_epi8(_mm256_and_si256(second, select), select)};
 }
 
 inline int32_t horizontal_sum(__m256i v) {
@@ -102,18 +145,20 @@ void row_units_per_half(const uint8_t* group_units, int64_t halves, int64_t halv
 }
 
 // One row of the head against one token's int8 activations, in units of (row unit * activation scale):
-// the sum over each 32 weights of unit * (sum of high nibble * value - kHighOffset * sum of values).
-// Integer all the way to one conversion a row: the products of nibbles and values summed in pairs (16 bits,
-// at most 2 * 15 * 127), each pair times its unit summed into 32 bits (at most 255 * 3810 * width / 2).
-float head_row(const uint8_t* high, const float* units, const int32_t* words, const Int8Activations& x,
-               int64_t width) {
+// the sum over each 32 weights of unit * (sum of value * activation - offset * sum of activations), a value
+// being a high nibble (or 2 * nibble + fifth bit). Integer all the way to one conversion a row: the products
+// of values and activations summed in pairs (16 bits, at most 2 * 31 * 127), each pair times its unit summed
+// into 32 bits (at most 255 * 7874 * width / 2).
+template <bool kFifth>
+float head_row(const uint8_t* high, const uint8_t* fifth, const float* units, const int32_t* words,
+               const Int8Activations& x, int64_t width) {
   const int64_t runs = width / 64, halves = width / kGroupMultiple;
   const int8_t* values = x.values.data();
   const float* offsets = x.half_offsets.data();
   float sum = 0.0f;
   int64_t run = 0, h = 0;
 #if defined(__AVX2__)
-  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i nibble = _mm256_set1_epi8(kFifth ? 0x1E : 0x0F);
   __m256 offset = _mm256_setzero_ps();
   for (; h + 8 <= halves; h += 8) {
     offset = _mm256_fmadd_ps(_mm256_loadu_ps(units + h), _mm256_loadu_ps(offsets + h), offset);
@@ -126,8 +171,17 @@ float head_row(const uint8_t* high, const float* units, const int32_t* words, co
       const int64_t at = run + r;
       _mm_prefetch(reinterpret_cast<const char*>(high + 32 * at + kPrefetchRows * width / 2), _MM_HINT_T0);
       const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(high + 32 * at));
-      const __m256i first = _mm256_and_si256(bytes, nibble);
-      const __m256i second = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+      __m256i first, second;
+      if constexpr (kFifth) {  // each nibble times 2, then its bit added (a bit's byte is -1)
+        if (at % 8 == 0)
+          _mm_prefetch(reinterpret_cast<const char*>(fifth + 8 * at + kPrefetchRows * width / 8), _MM_HINT_T0);
+        const RunBits bits = run_bits(fifth + 8 * at);
+        first = _mm256_sub_epi8(_mm256_and_si256(_mm256_slli_epi16(bytes, 1), nibble), bits.first);
+        second = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(bytes, 3), nibble), bits.second);
+      } else {
+        first = _mm256_and_si256(bytes, nibble);
+        second = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+      }
       const __m256i first_pairs =
           _mm256_maddubs_epi16(first, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(values + 64 * at)));
       const __m256i second_pairs =
@@ -145,8 +199,8 @@ float head_row(const uint8_t* high, const float* units, const int32_t* words, co
     for (int half = 0; half < 2; ++half) {
       int32_t dot = 0;
       for (int64_t j = 0; j < 32; ++j) {
-        const uint8_t byte = high[32 * run + j];
-        dot += int32_t(half == 0 ? byte & 0x0F : byte >> 4) * values[64 * run + 32 * half + j];
+        const int64_t index = 64 * run + 32 * half + j;
+        dot += HeadBits<kFifth>::value(high, fifth, index) * values[index];
       }
       sum += float(dot) * units[2 * run + half];
     }
@@ -204,10 +258,20 @@ struct UnitPermutes {
 };
 const UnitPermutes kUnitPermutes;
 
+// 32 bits of a plane as a mask.
+inline __mmask32 bits_mask(const uint8_t* bits) {
+  uint32_t word;
+  std::memcpy(&word, bits, 4);
+  return _cvtu32_mask32(word);
+}
+
 // head_row's sum for one row, from half_units: the row's unit of each half of 32 weights.
-float head_row_wide(const uint8_t* high, const uint8_t* half_units, const WideActivations& x, int64_t width) {
+template <bool kFifth>
+float head_row_wide(const uint8_t* high, const uint8_t* fifth, const uint8_t* half_units, const WideActivations& x,
+                    int64_t width) {
   const int64_t halves = width / kGroupMultiple, pairs = width / 128;
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  const __m512i nibble = _mm512_set1_epi8(kFifth ? 0x1E : 0x0F);
+  const __m512i one = _mm512_set1_epi8(1);
   __m512i low_sum = _mm512_setzero_si512(), high_sum = _mm512_setzero_si512(), offset = _mm512_setzero_si512();
   for (int64_t first = 0; first < halves; first += kHalvesPerBlock) {
     const int64_t count = std::min(kHalvesPerBlock, halves - first);
@@ -220,8 +284,23 @@ float head_row_wide(const uint8_t* high, const uint8_t* half_units, const WideAc
       const int64_t p = first / 4 + k;
       _mm_prefetch(reinterpret_cast<const char*>(high + 64 * p + kPrefetchRows * width / 2), _MM_HINT_T0);
       const __m512i bytes = _mm512_loadu_si512(reinterpret_cast<const void*>(high + 64 * p));
-      const __m512i low = _mm512_and_si512(bytes, nibble);
-      const __m512i high_nibbles = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+      __m512i low, high_nibbles;
+      if constexpr (kFifth) {
+        // The pair's bits: runs 2p and 2p + 1, 64 each. The low vector's lanes are weights 0..31 of either run,
+        // the high vector's weights 32..63: each nibble times 2, plus its bit where the mask has it.
+        if (p % 4 == 0)
+          _mm_prefetch(reinterpret_cast<const char*>(fifth + 16 * p + kPrefetchRows * width / 8), _MM_HINT_T0);
+        const uint8_t* bits = fifth + 16 * p;  // 32-bit words: run 2p's halves, then run 2p + 1's
+        const __mmask64 low_bits = _mm512_kunpackd(bits_mask(bits + 8), bits_mask(bits));
+        const __mmask64 high_bits = _mm512_kunpackd(bits_mask(bits + 12), bits_mask(bits + 4));
+        low = _mm512_and_si512(_mm512_slli_epi16(bytes, 1), nibble);
+        high_nibbles = _mm512_and_si512(_mm512_srli_epi16(bytes, 3), nibble);
+        low = _mm512_mask_add_epi8(low, low_bits, low, one);
+        high_nibbles = _mm512_mask_add_epi8(high_nibbles, high_bits, high_nibbles, one);
+      } else {
+        low = _mm512_and_si512(bytes, nibble);
+        high_nibbles = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+      }
       const __m512i low_pairs = _mm512_maddubs_epi16(low, _mm512_loadu_si512(x.low_values.data() + 64 * p));
       const __m512i high_pairs =
           _mm512_maddubs_epi16(high_nibbles, _mm512_loadu_si512(x.high_values.data() + 64 * p));
@@ -236,12 +315,12 @@ float head_row_wide(const uint8_t* high, const uint8_t* half_units, const WideAc
     for (int half = 0; half < 2; ++half) {
       int32_t dot = 0;
       for (int64_t j = 0; j < 32; ++j) {
-        const uint8_t byte = high[32 * run + j];
-        dot += int32_t(half == 0 ? byte & 0x0F : byte >> 4) * x.values[64 * run + 32 * half + j];
+        const int64_t index = 64 * run + 32 * half + j;
+        dot += HeadBits<kFifth>::value(high, fifth, index) * x.values[index];
       }
       products += int64_t(dot) * half_units[2 * run + half];
     }
-  return float(products) - kHighOffset * float(_mm512_reduce_add_epi32(offset));
+  return float(products) - HeadBits<kFifth>::kOffset * float(_mm512_reduce_add_epi32(offset));
 }
 #endif
 }  // namespace
@@ -270,12 +349,18 @@ void planes_embedding(const VocabularyPlanes& table, const int64_t* tokens, int6
   });
 }
 
-void planes_logits(const VocabularyPlanes& table, const float* x, int64_t count, float* output,
-                   const ParallelFor& parallel_for) {
+namespace {
+
+template <bool kFifth>
+void head_logits(const VocabularyPlanes& table, const float* x, int64_t count, float* output,
+                 const ParallelFor& parallel_for) {
+  using Bits = HeadBits<kFifth>;
   std::vector<Int8Activations> activations(count);
-  for (int64_t t = 0; t < count; ++t) quantize_activations(x + t * table.width, table.width, activations[t]);
+  for (int64_t t = 0; t < count; ++t)
+    quantize_activations(x + t * table.width, table.width, Bits::kOffset, activations[t]);
   const int64_t bytes_per_row = table.width / 2, groups = table.width / table.group;
   const int64_t halves = table.width / kGroupMultiple, halves_per_group = table.group / kGroupMultiple;
+  const auto fifth_row = [&](int64_t row) { return kFifth ? table.fifth + row * (table.width / 8) : nullptr; };
 #if GDN_WIDE_HEAD
   std::vector<WideActivations> wide(count);
   for (int64_t t = 0; t < count; ++t) widen_activations(activations[t], table.width, wide[t]);
@@ -287,10 +372,10 @@ void planes_logits(const VocabularyPlanes& table, const float* x, int64_t count,
         for (int64_t h = 0; h < halves; ++h) half_units[h] = units[h / halves_per_group];
         units = half_units.data();
       }
-      const float row_unit = 16.0f * bfloat16_value(table.row_units[row]);
+      const float row_unit = Bits::kScale * bfloat16_value(table.row_units[row]);
       for (int64_t t = 0; t < count; ++t)
-        output[t * table.rows + row] =
-            row_unit * wide[t].scale * head_row_wide(table.high + row * bytes_per_row, units, wide[t], table.width);
+        output[t * table.rows + row] = row_unit * wide[t].scale *
+            head_row_wide<kFifth>(table.high + row * bytes_per_row, fifth_row(row), units, wide[t], table.width);
     }
   });
 #else
@@ -299,15 +384,26 @@ void planes_logits(const VocabularyPlanes& table, const float* x, int64_t count,
     std::vector<int32_t> words(halves);
     for (int64_t row = begin; row < end; ++row) {
       row_units_per_half(table.group_units + row * groups, halves, halves_per_group, units.data(), words.data());
-      const float row_unit = 16.0f * bfloat16_value(table.row_units[row]);
+      const float row_unit = Bits::kScale * bfloat16_value(table.row_units[row]);
       for (int64_t t = 0; t < count; ++t) {
-        const float dot = head_row(table.high + row * bytes_per_row, units.data(), words.data(), activations[t],
-                                   table.width);
+        const float dot = head_row<kFifth>(table.high + row * bytes_per_row, fifth_row(row), units.data(),
+                                           words.data(), activations[t], table.width);
         output[t * table.rows + row] = row_unit * activations[t].scale * dot;
       }
     }
   });
 #endif
+}
+
+}  // namespace
+
+void planes_logits(const VocabularyPlanes& table, const float* x, int64_t count, float* output,
+                   const ParallelFor& parallel_for) {
+  if (table.fifth != nullptr) {
+    head_logits<true>(table, x, count, output, parallel_for);
+  } else {
+    head_logits<false>(table, x, count, output, parallel_for);
+  }
 }
 
 }  // namespace gdn

@@ -1,13 +1,15 @@
-"""gdn::planes_embedding and gdn::planes_logits: the two-plane token table of 8da4w programs.
+"""gdn::planes_embedding and gdn::planes_logits: the two-plane token table of 8da4w and 16da8w programs.
 
 The C++ kernels inside a program against the PyTorch reference, and the reference against plain math on
-the float table it was made from (the lookup within half a unit, the head the middle of its 16 codes).
+the float table it was made from (the lookup within half a unit, the 4-bit head the middle of its 16 codes,
+the 5-bit head, with the fifth plane, the middle of its 8).
 """
 
 import pytest
 import torch
 
 from gdn_export.ops.vocabulary_planes import (
+    fifth_plane,
     head_weights,
     reference_planes_embedding,
     reference_planes_logits,
@@ -18,16 +20,19 @@ from runtime_ops.conformance import export_program
 
 
 class Vocabulary(torch.nn.Module):
-    """Both ops over one table held as buffers, as the quantized model holds it."""
+    """Both ops over one table held as buffers, as the quantized model holds it: the lookup, the 4-bit head and
+    the 5-bit head."""
 
     def __init__(self, planes):
         super().__init__()
         for name, tensor in zip(("high", "low", "row_units", "group_units"), planes):
             self.register_buffer(name, tensor)
+        self.register_buffer("fifth", fifth_plane(self.low))
 
     def forward(self, tokens, x):
         return (torch.ops.gdn.planes_embedding(tokens, self.high, self.low, self.row_units, self.group_units),
-                torch.ops.gdn.planes_logits(x, self.high, self.row_units, self.group_units))
+                torch.ops.gdn.planes_logits(x, self.high, self.row_units, self.group_units),
+                torch.ops.gdn.planes_logits(x, self.high, self.row_units, self.group_units, self.fifth))
 
 
 def random_table(generator, rows=300, width=192):
@@ -45,31 +50,45 @@ def test_program_kernels_match_the_reference(group, width, seed, generator):
     tokens = torch.randint(0, table.shape[0], (1, 5), generator=generator)
     x = torch.randn(1, 5, table.shape[1], generator=generator)
     program = export_program(Vocabulary(planes), (tokens, x), dynamic_length_args=2, max_length=8)
+    fifth = fifth_plane(planes[1])
     for length in (1, 5):
-        lookup, logits = program.execute([tokens[:, :length], x[:, :length]])
+        lookup, *heads = program.execute([tokens[:, :length], x[:, :length]])
         expected_lookup = reference_planes_embedding(tokens[:, :length], *planes)
         assert torch.equal(lookup, expected_lookup), f"seed {seed}"
-        expected_logits = reference_planes_logits(x[:, :length], planes[0], planes[2], planes[3])
-        scale = expected_logits.abs().max().item()
-        assert (logits - expected_logits).abs().max().item() <= 1e-5 * scale, f"seed {seed}"
-        # The reference is the rounded input times the head's float weights.
-        math = round_activations(x[:, :length]) @ head_weights(planes[0], planes[2], planes[3]).T
-        assert (expected_logits - math).abs().max().item() <= 1e-5 * scale, f"seed {seed}"
+        for logits, bits in zip(heads, (None, fifth)):
+            expected_logits = reference_planes_logits(x[:, :length], planes[0], planes[2], planes[3], bits)
+            scale = expected_logits.abs().max().item()
+            assert (logits - expected_logits).abs().max().item() <= 1e-5 * scale, f"seed {seed}"
+            # The reference is the rounded input times the head's float weights.
+            math = round_activations(x[:, :length]) @ head_weights(planes[0], planes[2], planes[3], fifth=bits).T
+            assert (expected_logits - math).abs().max().item() <= 1e-5 * scale, f"seed {seed}"
 
 
 def test_reference_stays_within_the_formats_error(seed, generator):
-    """Lookup within half a unit of the float table; the head's weights within 8.5 units; the head's logits
-    close to the float table's (relative to their spread)."""
+    """Lookup within half a unit of the float table; the 4-bit head's weights the middle of their 16 codes
+    (within 7.5 units of the lookup's) and the 5-bit head's the middle of their 8 (within 3.5), the fifth
+    plane holding each code's bit 3; the heads' logits close to the float table's (relative to their
+    spread), the 5-bit one closer."""
     table = random_table(generator)
     high, low, row_units, group_units = to_vocabulary_planes(table)
+    fifth = fifth_plane(low)
     unit = (row_units.float()[:, None] * group_units.float()).repeat_interleave(32, dim=1)
     lookup = reference_planes_embedding(torch.arange(table.shape[0]), high, low, row_units, group_units)
     assert ((lookup - table).abs() <= 0.5 * unit * 1.001 + 1e-9).all(), f"seed {seed}"
-    assert ((head_weights(high, row_units, group_units) - table).abs() <= 8.5 * unit * 1.001 + 1e-9).all()
+    # The codes, from the lookup (whole multiples of the units), and the bit the fifth plane holds of each.
+    codes = torch.round(lookup / torch.where(unit > 0, unit, 1)).to(torch.int32)
+    bits = torch.stack([(fifth[:, k // 8] >> (k % 8)) & 1 for k in range(table.shape[1])], dim=1).to(torch.int32)
+    assert torch.equal(bits, (codes >> 3) & 1), f"seed {seed}"
+    four, five = head_weights(high, row_units, group_units), head_weights(high, row_units, group_units, fifth=fifth)
+    assert torch.allclose(four, (16 * torch.div(codes, 16, rounding_mode="floor") + 7.5) * unit), f"seed {seed}"
+    assert torch.allclose(five, (8 * torch.div(codes, 8, rounding_mode="floor") + 3.5) * unit), f"seed {seed}"
+    assert ((four - lookup).abs() <= 7.5 * unit * 1.001 + 1e-9).all(), f"seed {seed}"
+    assert ((five - lookup).abs() <= 3.5 * unit * 1.001 + 1e-9).all(), f"seed {seed}"
     x = torch.randn(4, table.shape[1], generator=generator)
     exact = x @ table.T
     error = (reference_planes_logits(x, high, row_units, group_units) - exact).norm() / exact.norm()
-    assert error.item() < 0.15, f"seed {seed}: {error.item():.3f}"
+    error5 = (reference_planes_logits(x, high, row_units, group_units, fifth) - exact).norm() / exact.norm()
+    assert error.item() < 0.15 and error5.item() < 0.6 * error.item(), f"seed {seed}: {error.item(), error5.item()}"
 
 
 def test_out_forms_write_their_outputs(seed, generator):
@@ -83,6 +102,10 @@ def test_out_forms_write_their_outputs(seed, generator):
     logits = torch.full((2, table.shape[0]), float("nan"))
     torch.ops.gdn.planes_logits.out(x, planes[0], planes[2], planes[3], out=logits)
     assert torch.equal(logits, reference_planes_logits(x, planes[0], planes[2], planes[3])), f"seed {seed}"
+    fifth = fifth_plane(planes[1])
+    logits = torch.full((2, table.shape[0]), float("nan"))
+    torch.ops.gdn.planes_logits.out(x, planes[0], planes[2], planes[3], fifth, out=logits)
+    assert torch.equal(logits, reference_planes_logits(x, planes[0], planes[2], planes[3], fifth)), f"seed {seed}"
 
 
 def test_token_outside_the_table_is_an_error_not_a_read(generator):
@@ -96,7 +119,7 @@ def test_token_outside_the_table_is_an_error_not_a_read(generator):
             program.execute([torch.tensor([[3, bad]]), x[:, :2]])
         with pytest.raises(ValueError, match="tokens must lie in"):
             reference_planes_embedding(torch.tensor([3, bad]), *planes)
-    lookup, _ = program.execute([tokens, x])  # still usable afterwards
+    lookup, *_ = program.execute([tokens, x])  # still usable afterwards
     assert torch.equal(lookup, reference_planes_embedding(tokens, *planes))
 
 
@@ -116,8 +139,56 @@ def test_bad_table_names_the_argument(breakage, message, generator):
         reference_planes_embedding(torch.tensor([1]), *planes)
 
 
+def test_bad_fifth_plane_is_refused_by_name(generator):
+    table = random_table(generator, rows=20, width=128)
+    high, low, row_units, group_units = to_vocabulary_planes(table)
+    x = torch.randn(1, 128, generator=generator)
+    for bad in (fifth_plane(low)[:, :-1], fifth_plane(low).to(torch.int8), fifth_plane(low)[:-1]):
+        with pytest.raises(TypeError, match="fifth must be None or a uint8 tensor"):
+            reference_planes_logits(x, high, row_units, group_units, bad)
+
+
 def test_writer_refuses_widths_the_layout_cannot_hold(generator):
     with pytest.raises(ValueError, match="width 96 must be a multiple of 64"):
         to_vocabulary_planes(torch.randn(4, 96, generator=generator))
     with pytest.raises(ValueError, match="group 48"):
         to_vocabulary_planes(torch.randn(4, 128, generator=generator), group=48)
+
+
+# A stand-in for gdn::planes_logits as it was before it took `fifth`, under a namespace of the same length
+# (so a program's bytes can name the real op instead).
+_OLD_HEAD = torch.library.Library("gdo", "DEF")
+_OLD_HEAD.define("planes_logits(Tensor x, Tensor high, Tensor row_units, Tensor group_units) -> Tensor")
+_OLD_HEAD.define("planes_logits.out(Tensor x, Tensor high, Tensor row_units, Tensor group_units, *, Tensor(a!) out)"
+                 " -> Tensor(a!)")
+_OLD_HEAD.impl("planes_logits", reference_planes_logits, "CompositeExplicitAutograd")
+_OLD_HEAD.impl("planes_logits.out", lambda x, high, row_units, group_units, *, out:
+               out.copy_(reference_planes_logits(x, high, row_units, group_units)), "CompositeExplicitAutograd")
+torch.library.register_fake("gdo::planes_logits", lambda x, high, row_units, group_units:
+                            x.new_empty((*x.shape[:-1], high.shape[0])), lib=_OLD_HEAD)
+
+
+def test_programs_exported_before_the_fifth_plane_still_run(seed, generator):
+    """A program whose gdn::planes_logits call has no ``fifth`` (exported before the op took it) runs on
+    today's kernel as the 4-bit head it was."""
+    from executorch.exir import EdgeCompileConfig, to_edge
+    from executorch.runtime import Runtime
+
+    class OldHead(torch.nn.Module):
+        def __init__(self, planes):
+            super().__init__()
+            for name, tensor in zip(("high", "row_units", "group_units"), planes):
+                self.register_buffer(name, tensor)
+
+        def forward(self, x):
+            return torch.ops.gdo.planes_logits(x, self.high, self.row_units, self.group_units)
+
+    high, _, row_units, group_units = to_vocabulary_planes(random_table(generator))
+    x = torch.randn(2, high.shape[1] * 2, generator=generator)
+    exported = torch.export.export(OldHead((high, row_units, group_units)), (x,))
+    program = to_edge(exported, compile_config=EdgeCompileConfig(_check_ir_validity=False)).to_executorch().buffer
+    assert program.count(b"gdo::planes_logits") == 1
+    program = program.replace(b"gdo::planes_logits", b"gdn::planes_logits")
+    logits = Runtime.get().load_program(program).load_method("forward").execute([x])[0]
+    expected = reference_planes_logits(x, high, row_units, group_units)
+    assert (logits - expected).abs().max().item() <= 1e-5 * expected.abs().max().item(), f"seed {seed}"

@@ -4,7 +4,9 @@ A tied model's table is read twice in a decode step: one row by the lookup,
 all of it by the output head, the step's largest read (254 MB of a 0.8B 8da4w
 program's 538 when the head is 8-bit). Here the table is stored once, as 8-bit
 codes in two 4-bit planes: the lookup reads both planes, the head only the
-high one, so the head streams half the bytes, as a 4-bit weight.
+high one, so the head streams half the bytes, as a 4-bit weight; or, given
+the table's ``fifth`` plane (one bit a weight: each code's fifth bit from the
+top), the high plane and that one, as a 5-bit weight.
 
 Format (``to_vocabulary_planes`` writes it): a weight is ``unit * c`` with
 ``c`` an int8 code and ``unit`` the row's bfloat16 ``row_units`` times a
@@ -12,20 +14,24 @@ Format (``to_vocabulary_planes`` writes it): a weight is ``unit * c`` with
 groups of 32, which the KL needs, at the file size the issue allows).
 ``high`` holds ``(c >> 4) + 8`` (0..15), ``low`` holds ``c & 15``; within each
 run of 64 weights of a row, byte ``j`` of a plane holds weight ``j`` in its
-low nibble and weight ``32 + j`` in its high nibble.
+low nibble and weight ``32 + j`` in its high nibble. ``fifth`` (``fifth_plane``
+writes it from ``low``) holds ``(c >> 3) & 1``, weight ``8 k + i`` of a row in
+bit ``i`` of its byte ``k``.
 
     gdn::planes_embedding(Tensor tokens, Tensor high, Tensor low, Tensor row_units, Tensor group_units) -> Tensor
         tokens [...] int64, high / low [rows, width / 2] uint8, row_units [rows] bfloat16,
         group_units [rows, width / group] uint8 -> [..., width] float32: unit * c
-    gdn::planes_logits(Tensor x, Tensor high, Tensor row_units, Tensor group_units) -> Tensor
-        x [..., width] float32 -> [..., rows] float32: x times the head weights
-        16 * unit * (high - 8 + 15/32), the middle of the 16 codes a high nibble stands for,
-        with each row of x rounded to int8 (one max-abs scale), as the kernel reads it
+    gdn::planes_logits(Tensor x, Tensor high, Tensor row_units, Tensor group_units, Tensor? fifth=None) -> Tensor
+        x [..., width] float32, fifth None or [rows, width / 8] uint8 -> [..., rows] float32: x times the head
+        weights, each the middle of the codes its bits stand for: 16 * unit * (high - 8 + 15/32) (16 codes),
+        or with ``fifth`` 8 * unit * (2 high + fifth - 16 + 7/16) (8 codes), with each row of x rounded to
+        int8 (one max-abs scale), as the kernel reads it
 
 (and ``.out`` forms). ``runtime_ops`` implements both in C++ for CPU programs.
-Scored on the 0.8B checkpoint (docs/benchmarks.md), this table and head give a
-lower KL than the 8-bit row-wise table and head they replace: the lookup gains
-a scale per group, the head loses 4 bits where the model is least sensitive.
+Scored on the 0.8B checkpoint (docs/benchmarks.md), this table and 4-bit head
+give a lower KL than the 8-bit row-wise table and head they replace: the
+lookup gains a scale per group, the head loses 4 bits where the model is least
+sensitive. The 8-bit programs' head reads 5 bits (``16da8w``; run 41).
 """
 
 from __future__ import annotations
@@ -36,14 +42,25 @@ from gdn_export.ops.contract import define_op
 
 GROUP_MULTIPLE = 32  # a group of units holds a multiple of this many weights (half of a run of 64)
 HIGH_OFFSET = 8 - 15 / 32  # a high nibble h stands for the codes 16 (h - 8) .. 16 (h - 8) + 15
+# With the fifth bit b, v = 2 h + b stands for the codes 8 (v - 16) .. 8 (v - 16) + 7.
+FIFTH_OFFSET = 16 - 7 / 16
 ROWS_PER_BLOCK = 4096  # the references and the writer work on this many rows at a time (bounded temporaries)
 
 _TABLE = "Tensor high, Tensor low, Tensor row_units, Tensor group_units"
-_HEAD = "Tensor high, Tensor row_units, Tensor group_units"
+_HEAD = "Tensor high, Tensor row_units, Tensor group_units, Tensor? fifth=None"
 EMBEDDING_SCHEMA = f"planes_embedding(Tensor tokens, {_TABLE}) -> Tensor"
 EMBEDDING_OUT_SCHEMA = f"planes_embedding.out(Tensor tokens, {_TABLE}, *, Tensor(a!) out) -> Tensor(a!)"
 LOGITS_SCHEMA = f"planes_logits(Tensor x, {_HEAD}) -> Tensor"
 LOGITS_OUT_SCHEMA = f"planes_logits.out(Tensor x, {_HEAD}, *, Tensor(a!) out) -> Tensor(a!)"
+
+
+def check_fifth(fifth, rows: int, width: int, op: str) -> None:
+    """TypeError / ValueError naming ``fifth`` unless it is None or a table's fifth plane."""
+    if fifth is None:
+        return
+    if not isinstance(fifth, torch.Tensor) or fifth.dtype != torch.uint8 or list(fifth.shape) != [rows, width // 8]:
+        got = f"{fifth.dtype} {list(fifth.shape)}" if isinstance(fifth, torch.Tensor) else type(fifth).__name__
+        raise TypeError(f"gdn.{op}: fifth must be None or a uint8 tensor [{rows}, {width // 8}], got {got}")
 
 
 def check_planes(high, low, row_units, group_units, op: str) -> tuple[int, int, int]:
@@ -116,19 +133,35 @@ def round_activations(x: torch.Tensor) -> torch.Tensor:
     return round_to_levels(x, 127)
 
 
-def head_weights(high, row_units, group_units, start: int = 0, stop=None) -> torch.Tensor:
-    """Rows ``start:stop`` of the head's float weights."""
+def head_weights(high, row_units, group_units, start: int = 0, stop=None, fifth=None) -> torch.Tensor:
+    """Rows ``start:stop`` of the head's float weights (4-bit, or 5-bit with the ``fifth`` plane)."""
     group = 2 * high.shape[1] // group_units.shape[1]
     nibbles = _nibbles(high[start:stop]).float()
-    return 16 * (nibbles - HIGH_OFFSET) * _units(row_units[start:stop], group_units[start:stop], group)
+    units = _units(row_units[start:stop], group_units[start:stop], group)
+    if fifth is None:
+        return 16 * (nibbles - HIGH_OFFSET) * units
+    return 8 * (2 * nibbles + _bits(fifth[start:stop]) - FIFTH_OFFSET) * units
 
 
-def reference_planes_logits(x, high, row_units, group_units):
+def _bits(plane: torch.Tensor) -> torch.Tensor:
+    """[rows, width / 8] uint8 -> [rows, width] float32: bit i of byte k is value 8 k + i."""
+    shifts = torch.arange(8, dtype=torch.uint8)
+    return ((plane[..., None] >> shifts) & 1).reshape(plane.shape[0], -1).float()
+
+
+def fifth_plane(low: torch.Tensor) -> torch.Tensor:
+    """The ``fifth`` plane of a table from its ``low`` plane: each code's bit 3, eight weights a byte."""
+    bits = (_nibbles(low) >> 3).reshape(low.shape[0], -1, 8).to(torch.uint8)
+    return (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+
+
+def reference_planes_logits(x, high, row_units, group_units, fifth=None):
     rows, width, _ = check_planes(high, None, row_units, group_units, "planes_logits")
+    check_fifth(fifth, rows, width, "planes_logits")
     if not isinstance(x, torch.Tensor) or x.dtype != torch.float32 or x.dim() < 1 or x.shape[-1] != width:
         raise TypeError(f"gdn.planes_logits: x must be float32 [..., {width}], got {x!r}")
     read = round_activations(x).reshape(-1, width)
-    logits = torch.cat([read @ head_weights(high, row_units, group_units, start, start + ROWS_PER_BLOCK).T
+    logits = torch.cat([read @ head_weights(high, row_units, group_units, start, start + ROWS_PER_BLOCK, fifth).T
                         for start in range(0, rows, ROWS_PER_BLOCK)], dim=1)
     return logits.reshape(*x.shape[:-1], rows)
 
@@ -143,8 +176,8 @@ def reference_planes_embedding_out(tokens, high, low, row_units, group_units, *,
     return _copied_into(out, reference_planes_embedding(tokens, high, low, row_units, group_units), "planes_embedding")
 
 
-def reference_planes_logits_out(x, high, row_units, group_units, *, out):
-    return _copied_into(out, reference_planes_logits(x, high, row_units, group_units), "planes_logits")
+def reference_planes_logits_out(x, high, row_units, group_units, fifth=None, *, out):
+    return _copied_into(out, reference_planes_logits(x, high, row_units, group_units, fifth), "planes_logits")
 
 
 def _fake_embedding(tokens, high, low, row_units, group_units):
@@ -152,8 +185,9 @@ def _fake_embedding(tokens, high, low, row_units, group_units):
     return tokens.new_empty((*tokens.shape, width), dtype=torch.float32)
 
 
-def _fake_logits(x, high, row_units, group_units):
+def _fake_logits(x, high, row_units, group_units, fifth=None):
     rows, width, _ = check_planes(high, None, row_units, group_units, "planes_logits")
+    check_fifth(fifth, rows, width, "planes_logits")
     if x.shape[-1] != width:
         raise TypeError(f"gdn.planes_logits: x must be float32 [..., {width}], got {list(x.shape)}")
     return x.new_empty((*x.shape[:-1], rows), dtype=torch.float32)
@@ -163,7 +197,8 @@ define_op(EMBEDDING_SCHEMA, reference_planes_embedding, _fake_embedding)
 define_op(EMBEDDING_OUT_SCHEMA, reference_planes_embedding_out,
           lambda tokens, high, low, row_units, group_units, *, out: out)
 define_op(LOGITS_SCHEMA, reference_planes_logits, _fake_logits)
-define_op(LOGITS_OUT_SCHEMA, reference_planes_logits_out, lambda x, high, row_units, group_units, *, out: out)
+define_op(LOGITS_OUT_SCHEMA, reference_planes_logits_out,
+          lambda x, high, row_units, group_units, fifth=None, *, out: out)
 
 
 def to_vocabulary_planes(weight: torch.Tensor, group: int = 32):
