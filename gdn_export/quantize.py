@@ -43,9 +43,9 @@
   programs' two-plane table (below), which a tied head reads as 5-bit weights
   (the high plane and a ``fifth`` plane, one bit a weight): the head is a
   decode step's largest read, 254 MB in 8 bits, 167 MB so. With the table's
-  unit per group the program's KL fell from 0.00226 to 0.00202 eagerly (a
-  4-bit head: 0.00322, over Q8_0's; a 6-bit one 0.00173; docs/benchmarks.md,
-  run 41). An untied head keeps ``int8wo``'s rows.
+  unit per group the KL fell too, from 0.00226 to 0.00202 eagerly (a 4-bit
+  head: 0.00322, over Q8_0's; a 6-bit one 0.00173) and to 0.0020 in the
+  program (docs/benchmarks.md, run 41). An untied head keeps ``int8wo``'s rows.
 
 The other modes quantize the token embedding, weight-only, in 8 bits, one
 scale a row (torchao's ``IntxWeightOnlyConfig``): on XNNPACK the lookup goes to

@@ -55,7 +55,7 @@ LOGITS_OUT_SCHEMA = f"planes_logits.out(Tensor x, {_HEAD}, *, Tensor(a!) out) ->
 
 
 def check_fifth(fifth, rows: int, width: int, op: str) -> None:
-    """TypeError / ValueError naming ``fifth`` unless it is None or a table's fifth plane."""
+    """TypeError naming ``fifth`` unless it is None or a table's fifth plane."""
     if fifth is None:
         return
     if not isinstance(fifth, torch.Tensor) or fifth.dtype != torch.uint8 or list(fifth.shape) != [rows, width // 8]:
