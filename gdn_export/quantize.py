@@ -117,7 +117,7 @@ INT8_ROWS_BLOCK_ELEMENTS = 1 << 24
 class PlanesVocabulary(nn.Module):
     """A token table as two 4-bit planes of 8-bit codes (``gdn_export.ops.vocabulary_planes``), the buffers
     that ``PlanesEmbedding`` and a tied ``PlanesHead`` share; ``fifth`` (None until ``add_fifth_plane``) the
-    plane a 5-bit head reads besides the high one."""
+    plane a 5-bit head reads besides the high one; ``dtype`` the float table's, which the lookup returns."""
 
     def __init__(self, weight: torch.Tensor):
         super().__init__()
@@ -126,6 +126,7 @@ class PlanesVocabulary(nn.Module):
         for name, tensor in zip(("high", "low", "row_units", "group_units"), to_vocabulary_planes(weight.detach())):
             self.register_buffer(name, tensor)
         self.register_buffer("fifth", None)
+        self.dtype = weight.dtype
 
     def add_fifth_plane(self) -> None:
         from gdn_export.ops.vocabulary_planes import fifth_plane
@@ -147,7 +148,7 @@ class PlanesEmbedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         v = self.vocabulary
-        return torch.ops.gdn.planes_embedding(tokens, v.high, v.low, v.row_units, v.group_units)
+        return torch.ops.gdn.planes_embedding(tokens, v.high, v.low, v.row_units, v.group_units).to(v.dtype)
 
 
 class PlanesHead(nn.Module):
@@ -164,7 +165,7 @@ class PlanesHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         v = self.vocabulary
-        return torch.ops.gdn.planes_logits(x.float(), v.high, v.row_units, v.group_units, v.fifth)
+        return torch.ops.gdn.planes_logits(x.float(), v.high, v.row_units, v.group_units, v.fifth).to(x.dtype)
 
 
 class Quantizer:
