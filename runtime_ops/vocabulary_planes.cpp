@@ -71,13 +71,13 @@ void quantize_activations(const float* x, int64_t width, float offset, Int8Activ
   }
 }
 
+#if defined(__AVX2__)
 inline int64_t load_u64(const uint8_t* bytes) {
   int64_t word;
   std::memcpy(&word, bytes, sizeof(word));
   return word;
 }
 
-#if defined(__AVX2__)
 // acc + the sums of adjacent pairs of 16-bit products, as 8 int32 lanes.
 inline __m256i add_pair_products(__m256i acc, __m256i a, __m256i b) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)

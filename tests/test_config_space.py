@@ -148,6 +148,15 @@ def check_case(case: dict) -> None:
     )
 
 
+# The smallest model of one full-attention layer and one KV head, which the examples below start from.
+ONE_ATTENTION_LAYER = dict(
+    layer_types=(FULL_ATTENTION,), tie_word_embeddings=False, hidden_size=16, num_key_value_heads=1,
+    num_attention_heads=2, head_dim=8, partial_rotary_factor=0.5, attention_bias=False,
+    linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
+    linear_conv_kernel_dim=4, intermediate_size=16,
+)
+
+
 @pytest.mark.parametrize("run_seed", [SEED], ids=[f"GDN_TEST_SEED={SEED}"])
 @settings(
     max_examples=EXAMPLES,
@@ -161,26 +170,11 @@ def check_case(case: dict) -> None:
 @given(case=cases())
 # One KV head: Python indexing (`cache[:, :, positions] = key`) dropped the value's size-1 head
 # dim, and ExecuTorch's in-place index_put kernel failed the call (error 0x12) on the lower rank.
-@example(case=dict(
-    config=dict(
-        layer_types=(FULL_ATTENTION,), tie_word_embeddings=False, hidden_size=16, num_key_value_heads=1,
-        num_attention_heads=2, head_dim=8, partial_rotary_factor=0.5, attention_bias=False,
-        linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
-        linear_conv_kernel_dim=4, intermediate_size=16,
-    ),
-    weights_seed=1, tokens_seed=2, prompt_length=5, poison_length=2,
-))
+@example(case=dict(config=ONE_ATTENTION_LAYER, weights_seed=1, tokens_seed=2, prompt_length=5, poison_length=2))
 # No rotation (partial_rotary_factor 0, GDN_TEST_SEED=148903906): gdn::gated_attention refused its empty cos and
 # sin ([T, 0]) at export.
-@example(case=dict(
-    config=dict(
-        layer_types=(FULL_ATTENTION,), tie_word_embeddings=False, hidden_size=16, num_key_value_heads=1,
-        num_attention_heads=2, head_dim=8, partial_rotary_factor=0.0, attention_bias=True,
-        linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=8, linear_value_head_dim=8,
-        linear_conv_kernel_dim=4, intermediate_size=16,
-    ),
-    weights_seed=3, tokens_seed=4, prompt_length=5, poison_length=2,
-))
+@example(case=dict(config=dict(ONE_ATTENTION_LAYER, partial_rotary_factor=0.0, attention_bias=True),
+                   weights_seed=3, tokens_seed=4, prompt_length=5, poison_length=2))
 def test_exported_program_matches_transformers(run_seed, case):
     note(f"GDN_TEST_SEED={run_seed}")  # with the drawn case in every failure, errors of the run included
     check_case(case)
