@@ -32,9 +32,11 @@
   loses none of the activations' precision (KL 1.32x llama.cpp Q8_0's; a scale
   per row costs it, see ``16da8w``). Elsewhere (``portable``) the program widens each weight to float at
   each call (``Int8WeightOnlyLinear``).
-* ``16da8w``: int8 weights with a bfloat16 scale per group of 32 (llama.cpp's
-  Q8_0 block), each token's activations in int16 (one scale, a relative error
-  of 2^-16): the 8-bit program of the least KL, on our own kernel
+* ``16da8w``: int8 weights with a scale per group of 32 (llama.cpp's Q8_0
+  block; stored in the op's int8 form, an integer a group and a float32
+  multiplier a channel: 8.28 bits a weight instead of 8.5), each token's
+  activations in int16 (one scale, a relative error of 2^-16): the 8-bit
+  program of the least KL, on our own kernel
   (``gdn::grouped_int8_linear``, ``GroupedInt8Linear``): XNNPACK has no
   kernel for int8 weights in groups. On the 0.8B shape a scale per output
   channel costs most of ``int8wo``'s KL: with the table and head the same,
@@ -252,13 +254,14 @@ class GroupedLinear(nn.Module):
 
 
 class GroupedInt8Linear(GroupedLinear):
-    """A ``16da8w`` linear: int8 weights with a scale per group of 32, on ``gdn::grouped_int8_linear``."""
+    """A ``16da8w`` linear: int8 weights with a scale per group of 32 (in the op's int8 form: 8.28 bits a weight),
+    on ``gdn::grouped_int8_linear``."""
 
     FORMAT = "grouped_int8_linear"
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
-        weight, scales = self._format().to_grouped_int8(linear.weight.detach())
+        weight, scales = self._format().to_grouped_int8(linear.weight.detach(), small=True)
         self._hold(weight, scales, linear.bias)
 
 

@@ -29,26 +29,26 @@ bool grouped_linear_stack(KernelRuntimeContext& ctx, Span<EValue*> stack, const 
 }
 
 // What both grouped linears check beyond their codes (weight [N / 16, ..., K / something], already checked to give
-// `tiles` and `k`): scales [tiles, K / group, 16] bfloat16 (or, where `small_scales`, int8 [tiles, K / group + 4,
+// `tiles` and `k`): scales [tiles, K / group, 16] bfloat16 (or the smaller form, int8 [tiles, K / group + 4,
 // 16]) with a group of 32 to 256, x float32 [..., K] ([..., 2K]
 // if gated), out float32, resized to [..., N], and the fused arguments: norm_weight float32 [K] or None, gated a
 // bool (not both), residual float32 shaped as out or None. Then runs `multiply(group, rows)` on the rows of x, or
 // on what the fused arguments make of them, and adds the residual; on any failure, fails the call instead.
 template <typename Multiply>
 void grouped_linear_out(KernelRuntimeContext& ctx, const char* op, Span<EValue*> stack, int64_t tiles, int64_t k,
-                        bool small_scales, Multiply multiply) {
+                        Multiply multiply) {
   const Tensor& x = stack[0]->toTensor();
   const Tensor& scales = stack[2]->toTensor();
   const bool fused = stack.size() >= kFusedArguments;
   Tensor& output = stack[fused ? kFusedArguments - 1 : 3]->toTensor();
-  // The int8 form carries 4 more rows of 16: the tile's float32 multipliers (grouped_int4_linear.h).
-  const bool small = small_scales && scales.scalar_type() == ScalarType::Char;
+  // The int8 form carries 4 more rows of 16: the tile's float32 multipliers (grouped_linear.h).
+  const bool small = scales.scalar_type() == ScalarType::Char;
   const int64_t groups = scales.dim() == 3 ? scales.size(1) - (small ? 4 : 0) : 0;
   ET_KERNEL_CHECK_MSG(ctx, (scales.scalar_type() == ScalarType::BFloat16 || small) && scales.dim() == 3 &&
                                scales.size(0) == tiles && scales.size(2) == 16 && groups > 0 && k % groups == 0,
-                      InvalidArgument, , "%s: scales must be a bfloat16 tensor [%zd, K / group, 16]%s with K = %zd",
-                      op, ssize_t(tiles), small_scales ? " or an int8 one [tiles, K / group + 4, 16]" : "",
-                      ssize_t(k));
+                      InvalidArgument, ,
+                      "%s: scales must be a bfloat16 tensor [%zd, K / group, 16] or an int8 one [tiles, K / group + 4, "
+                      "16] with K = %zd", op, ssize_t(tiles), ssize_t(k));
   const int64_t group = k / groups;
   ET_KERNEL_CHECK_MSG(ctx, group == 32 || group == 64 || group == 128 || group == 256, InvalidArgument, ,
                       "%s: the group must be 32, 64, 128 or 256, got %zd", op, ssize_t(group));
@@ -102,7 +102,7 @@ void grouped_linear_out(KernelRuntimeContext& ctx, const char* op, Span<EValue*>
 }
 
 // gdn::grouped_int8_linear.out(x, weight, scales, [norm_weight, norm_eps, gated, residual,] out): x [..., K] float32, weight [N / 16, K / 2, 16, 2] int8,
-// scales [N / 16, K / group, 16] bfloat16 -> out [..., N] float32
+// scales [N / 16, K / group, 16] bfloat16 or int8 [N / 16, K / group + 4, 16] -> out [..., N] float32
 void grouped_int8_linear_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   constexpr const char* kOp = "gdn.grouped_int8_linear.out";
   if (!grouped_linear_stack(ctx, stack, kOp)) return;
@@ -111,12 +111,19 @@ void grouped_int8_linear_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
                                codes.size(3) == 2, InvalidArgument, ,
                       "%s: weight must be an int8 tensor [N / 16, K / 2, 16, 2]", kOp);
   const int64_t tiles = codes.size(0), k = 2 * codes.size(1);
-  grouped_linear_out(ctx, kOp, stack, tiles, k, false,
-                     [&](const void* scales, bool, int64_t group, const float* x, int64_t count, float* y) {
-                       grouped_int8_linear(GroupedInt8Weight{codes.const_data_ptr<int8_t>(),
-                                                             static_cast<const uint16_t*>(scales), 16 * tiles, k,
-                                                             group},
-                                           x, count, y, executorch_parallel_for);
+  grouped_linear_out(ctx, kOp, stack, tiles, k,
+                     [&](const void* scales, bool small, int64_t group, const float* x, int64_t count, float* y) {
+                       GroupedInt8Weight weight;
+                       weight.codes = codes.const_data_ptr<int8_t>();
+                       if (small) {
+                         weight.small_scales = static_cast<const int8_t*>(scales);
+                       } else {
+                         weight.scales = static_cast<const uint16_t*>(scales);
+                       }
+                       weight.n = 16 * tiles;
+                       weight.k = k;
+                       weight.group = group;
+                       grouped_int8_linear(weight, x, count, y, executorch_parallel_for);
                      });
 }
 
@@ -129,7 +136,7 @@ void grouped_int4_linear_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   ET_KERNEL_CHECK_MSG(ctx, codes.scalar_type() == ScalarType::Byte && codes.dim() == 3 && codes.size(2) == 32,
                       InvalidArgument, , "%s: weight must be a uint8 tensor [N / 16, K / 4, 32]", kOp);
   const int64_t tiles = codes.size(0), k = 4 * codes.size(1);
-  grouped_linear_out(ctx, kOp, stack, tiles, k, true,
+  grouped_linear_out(ctx, kOp, stack, tiles, k,
                      [&](const void* scales, bool small, int64_t group, const float* x, int64_t count, float* y) {
                        GroupedInt4Weight weight;
                        weight.codes = codes.const_data_ptr<uint8_t>();

@@ -106,33 +106,6 @@ inline __m512i run_codes(const uint8_t* run, __m512i shifts, __m512i nibble) {
   return _mm512_and_si512(_mm512_srlv_epi16(both, shifts), nibble);
 }
 
-inline __m512 bfloat16_scales(const uint16_t* scales) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales))), 16));
-}
-
-// Group g's 16 scales of a tile: bfloat16, or (kSmall) the int8 ones, whose multipliers come at the end.
-template <bool kSmall>
-inline __m512 group_scales(const void* scales, int64_t g) {
-  if constexpr (kSmall) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(scales) + g * kTile))));
-  } else {
-    return bfloat16_scales(static_cast<const uint16_t*>(scales) + g * kTile);
-  }
-}
-
-// What a tile's sums are multiplied by last: the row's scale, times (kSmall) the channels' multipliers.
-template <bool kSmall>
-inline __m512 output_scales(const void* scales, int64_t groups, float row_scale) {
-  const __m512 row = _mm512_set1_ps(row_scale);
-  if constexpr (kSmall) {
-    return _mm512_mul_ps(row, _mm512_loadu_ps(static_cast<const int8_t*>(scales) + groups * kTile));
-  } else {
-    return row;
-  }
-}
-
 // y[r][0..16) = row_scales[r] * sum_g scale_g * (int32 sum of group g), for kCount rows.
 template <int kCount, bool kSmall>
 void tile_rows(const TileRows& p) {
@@ -201,30 +174,6 @@ void one_row(const TileRows& p) {
 // first and keeps them on the stack.
 inline void keep_in_registers(__m256i& first, __m256i& second) { asm volatile("" : "+x"(first), "+x"(second)); }
 
-// Half `half` (channels 8 half .. 8 half + 7) of group g's scales of a tile, as group_scales above.
-template <bool kSmall>
-inline __m256 group_scales(const void* scales, int64_t g, int half) {
-  if constexpr (kSmall) {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
-        reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(scales) + g * kTile + 8 * half))));
-  } else {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
-        reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(scales) + g * kTile + 8 * half))), 16));
-  }
-}
-
-// As output_scales above, for half `half` of the tile.
-template <bool kSmall>
-inline __m256 output_scales(const void* scales, int64_t groups, float row_scale, int half) {
-  const __m256 row = _mm256_set1_ps(row_scale);
-  if constexpr (kSmall) {
-    return _mm256_mul_ps(row, _mm256_loadu_ps(reinterpret_cast<const float*>(static_cast<const int8_t*>(scales) +
-                                                                              groups * kTile) + 8 * half));
-  } else {
-    return row;
-  }
-}
-
 // As above with two 8-lane halves of the tile (channels 0..7 from a run's low nibbles, 8..15 from its high ones),
 // each 32-input block summed in 16-bit lanes first: a pair of products is at most 2 * 15 * 127, and the 8 pairs of
 // a block fit in int16.
@@ -278,7 +227,6 @@ void tile_rows(const TileRows& p) {
 template <int kCount, bool kSmall>
 void tile_rows(const TileRows& p) {
   const int64_t groups = p.k / p.group;
-  const int8_t* small = static_cast<const int8_t*>(p.scales);
   for (int r = 0; r < kCount; ++r) {
     for (int64_t lane = 0; lane < kTile; ++lane) {
       float total = 0.0f;
@@ -288,13 +236,9 @@ void tile_rows(const TileRows& p) {
           const uint8_t byte = p.codes[(i / 4) * kRunBytes + 4 * (lane % 8) + i % 4];
           sum += int32_t(lane < 8 ? byte & 0x0F : byte >> 4) * p.x[r * p.k + i];
         }
-        const float scale = kSmall ? float(small[g * kTile + lane])
-                                   : bfloat16_value(static_cast<const uint16_t*>(p.scales)[g * kTile + lane]);
-        total += float(sum - p.offsets[r * groups + g]) * scale;
+        total += float(sum - p.offsets[r * groups + g]) * group_scale<kSmall>(p.scales, g, lane);
       }
-      float multiplier = 1.0f;
-      if (kSmall) std::memcpy(&multiplier, small + groups * kTile + 4 * lane, sizeof(multiplier));
-      p.y[r * p.y_stride + lane] = total * (p.row_scales[r] * multiplier);
+      p.y[r * p.y_stride + lane] = total * (p.row_scales[r] * channel_multiplier<kSmall>(p.scales, groups, lane));
     }
   }
 }
@@ -331,12 +275,11 @@ void grouped_int4_linear(const GroupedInt4Weight& weight, const float* x, int64_
   });
   const int64_t tile_bytes = k / 4 * kRunBytes;
   const bool small = weight.small_scales != nullptr;
-  // A tile's scales: groups bfloat16 a channel, or groups int8 and a float32 multiplier (4 bytes) a channel.
-  const int64_t tile_scale_bytes = small ? (groups + 4) * kTile : groups * kTile * 2;
+  const int64_t scale_bytes = tile_scale_bytes(groups, small);
   const uint8_t* scales = small ? reinterpret_cast<const uint8_t*>(weight.small_scales)
                                 : reinterpret_cast<const uint8_t*>(weight.scales);
   pass_over_tiles(n / kTile, count, kRows, parallel_for, [&](int64_t tile, int64_t m, int64_t rows) {
-    kTileRows[small][rows - 1](TileRows{weight.codes + tile * tile_bytes, scales + tile * tile_scale_bytes,
+    kTileRows[small][rows - 1](TileRows{weight.codes + tile * tile_bytes, scales + tile * scale_bytes,
                                         values.data() + m * k, offsets.data() + m * groups, row_scales.data() + m, k,
                                         weight.group, y + m * n + tile * kTile, n});
   });

@@ -53,9 +53,10 @@ inline __m512i add_pair_products(__m512i sum, __m512i a, __m512i b) {
 #endif
 }
 
-// rows (<= kRows) rows of x against one tile: y[r][0..16) = row_scales[r] * sum_g scale_g * (int32 sum of group g).
-template <int kCount>
-void tile_rows(const int8_t* codes, const uint16_t* scales, const int16_t* x, const float* row_scales, int64_t k,
+// rows (<= kRows) rows of x against one tile: y[r][0..16) = row_scales[r] * sum_g scale_g * (int32 sum of group g),
+// the scales of either form (grouped_linear.h).
+template <int kCount, bool kSmall>
+void tile_rows(const int8_t* codes, const void* scales, const int16_t* x, const float* row_scales, int64_t k,
                int64_t group, float* y, int64_t y_stride) {
   __m512 out[kCount];
   for (int r = 0; r < kCount; ++r) out[r] = _mm512_setzero_ps();
@@ -73,12 +74,11 @@ void tile_rows(const int8_t* codes, const uint16_t* scales, const int16_t* x, co
         sums[r] = add_pair_products(sums[r], w, _mm512_set1_epi32(pair));
       }
     }
-    const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(scales + g * kTile))), 16));
+    const __m512 scale = group_scales<kSmall>(scales, g);
     for (int r = 0; r < kCount; ++r) out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), scale, out[r]);
   }
   for (int r = 0; r < kCount; ++r) {
-    _mm512_storeu_ps(y + r * y_stride, _mm512_mul_ps(out[r], _mm512_set1_ps(row_scales[r])));
+    _mm512_storeu_ps(y + r * y_stride, _mm512_mul_ps(out[r], output_scales<kSmall>(scales, k / group, row_scales[r])));
   }
 }
 #elif defined(__AVX2__)
@@ -88,8 +88,8 @@ void tile_rows(const int8_t* codes, const uint16_t* scales, const int16_t* x, co
 inline void keep_in_registers(__m256i& first, __m256i& second) { asm volatile("" : "+x"(first), "+x"(second)); }
 
 // As above with two 8-lane halves of the tile.
-template <int kCount>
-void tile_rows(const int8_t* codes, const uint16_t* scales, const int16_t* x, const float* row_scales, int64_t k,
+template <int kCount, bool kSmall>
+void tile_rows(const int8_t* codes, const void* scales, const int16_t* x, const float* row_scales, int64_t k,
                int64_t group, float* y, int64_t y_stride) {
   __m256 out[kCount][2];
   for (int r = 0; r < kCount; ++r) out[r][0] = out[r][1] = _mm256_setzero_ps();
@@ -118,22 +118,22 @@ void tile_rows(const int8_t* codes, const uint16_t* scales, const int16_t* x, co
       }
     }
     for (int half = 0; half < 2; ++half) {
-      const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(
-          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales + g * kTile + 8 * half))), 16));
+      const __m256 scale = group_scales<kSmall>(scales, g, half);
       for (int r = 0; r < kCount; ++r) {
         out[r][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r][half]), scale, out[r][half]);
       }
     }
   }
   for (int r = 0; r < kCount; ++r) {
-    const __m256 row_scale = _mm256_set1_ps(row_scales[r]);
-    _mm256_storeu_ps(y + r * y_stride, _mm256_mul_ps(out[r][0], row_scale));
-    _mm256_storeu_ps(y + r * y_stride + 8, _mm256_mul_ps(out[r][1], row_scale));
+    for (int half = 0; half < 2; ++half) {
+      _mm256_storeu_ps(y + r * y_stride + 8 * half,
+                       _mm256_mul_ps(out[r][half], output_scales<kSmall>(scales, k / group, row_scales[r], half)));
+    }
   }
 }
 #else
-template <int kCount>
-void tile_rows(const int8_t* codes, const uint16_t* scales, const int16_t* x, const float* row_scales, int64_t k,
+template <int kCount, bool kSmall>
+void tile_rows(const int8_t* codes, const void* scales, const int16_t* x, const float* row_scales, int64_t k,
                int64_t group, float* y, int64_t y_stride) {
   for (int r = 0; r < kCount; ++r) {
     for (int64_t lane = 0; lane < kTile; ++lane) {
@@ -143,18 +143,21 @@ void tile_rows(const int8_t* codes, const uint16_t* scales, const int16_t* x, co
         for (int64_t i = g * group; i < (g + 1) * group; ++i) {
           sum += int32_t(codes[(i / 2) * 2 * kTile + 2 * lane + i % 2]) * x[r * k + i];
         }
-        total += float(sum) * bfloat16_value(scales[g * kTile + lane]);
+        total += float(sum) * group_scale<kSmall>(scales, g, lane);
       }
-      y[r * y_stride + lane] = total * row_scales[r];
+      y[r * y_stride + lane] = total * (row_scales[r] * channel_multiplier<kSmall>(scales, k / group, lane));
     }
   }
 }
 #endif
 
-using TileRows = void (*)(const int8_t*, const uint16_t*, const int16_t*, const float*, int64_t, int64_t, float*,
-                          int64_t);
-constexpr TileRows kTileRows[8] = {tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>,
-                                   tile_rows<5>, tile_rows<6>, tile_rows<7>, tile_rows<8>};
+using TileRows = void (*)(const int8_t*, const void*, const int16_t*, const float*, int64_t, int64_t, float*, int64_t);
+// [kSmall][rows - 1]
+constexpr TileRows kTileRows[2][8] = {
+    {tile_rows<1, false>, tile_rows<2, false>, tile_rows<3, false>, tile_rows<4, false>, tile_rows<5, false>,
+     tile_rows<6, false>, tile_rows<7, false>, tile_rows<8, false>},
+    {tile_rows<1, true>, tile_rows<2, true>, tile_rows<3, true>, tile_rows<4, true>, tile_rows<5, true>,
+     tile_rows<6, true>, tile_rows<7, true>, tile_rows<8, true>}};
 
 }  // namespace
 
@@ -167,10 +170,13 @@ void grouped_int8_linear(const GroupedInt8Weight& weight, const float* x, int64_
   round_rows(count, parallel_for, [&](int64_t begin, int64_t end) {
     for (int64_t m = begin; m < end; ++m) row_scales[m] = quantize_row(x + m * k, k, values.data() + m * k);
   });
-  const int64_t tile_bytes = k * kTile, tile_scales = (k / weight.group) * kTile;
+  const bool small = weight.small_scales != nullptr;
+  const int64_t tile_bytes = k * kTile, scale_bytes = tile_scale_bytes(k / weight.group, small);
+  const uint8_t* scales = small ? reinterpret_cast<const uint8_t*>(weight.small_scales)
+                                : reinterpret_cast<const uint8_t*>(weight.scales);
   pass_over_tiles(n / kTile, count, kRows, parallel_for, [&](int64_t tile, int64_t m, int64_t rows) {
-    kTileRows[rows - 1](weight.codes + tile * tile_bytes, weight.scales + tile * tile_scales, values.data() + m * k,
-                        row_scales.data() + m, k, weight.group, y + m * n + tile * kTile, n);
+    kTileRows[small][rows - 1](weight.codes + tile * tile_bytes, scales + tile * scale_bytes, values.data() + m * k,
+                               row_scales.data() + m, k, weight.group, y + m * n + tile * kTile, n);
   });
 }
 

@@ -297,9 +297,10 @@ def test_cpu_programs_keep_the_recurrent_state_in_the_chosen_dtype(exported, opt
 
 def quantized_bytes(model, quantize):
     """Bytes of the weights of ``model``'s linears and embeddings as ``quantize`` stores them (the math of the
-    format: int4 values packed two a byte with a bf16 scale per group in XNNPACK; int8 values with a bf16 scale
-    per group of 32 in 16da8w's linears, else with an fp32 scale per row; a planes table's 8-bit codes with a
-    byte per group of 32, and 16da8w's fifth plane, a bit a weight), and their float32 bytes."""
+    format: int4 values packed two a byte with a bf16 scale per group in XNNPACK; int8 values with an int8 scale
+    per group of 32 and an fp32 multiplier per channel in 16da8w's linears, else with an fp32 scale per row; a
+    planes table's 8-bit codes with a byte per group of 32, and 16da8w's fifth plane, a bit a weight), and their
+    float32 bytes."""
     from torch import nn
 
     from gdn_export.ops.grouped_int8_linear import fits
@@ -318,7 +319,7 @@ def quantized_bytes(model, quantize):
             groups = rows * width // next(size for size in GROUP_SIZES_4BIT if width % size == 0)
             stored += rows * width // 2 + groups * 2
         elif module_mode(name, quantize) == "16da8w" and fits(rows, width):
-            stored += rows * width + rows * width // 32 * 2
+            stored += rows * width + rows * width // 32 + 4 * rows
         else:
             stored += rows * width + 4 * rows
     return stored, floats

@@ -18,10 +18,10 @@ codes a byte: byte ``4 c + t`` of run ``q`` holds channel ``c``'s code for input
 ``scales[n // 16, k // group, n % 16]``. A kernel reads one run of 32 bytes for 16
 outputs and 4 inputs, and one run of 16 scales a group.
 
-The scales' smaller form (``to_grouped_int4(..., small=True)``, 8da4w_avx2's) is int8
-``[N / 16, K / group + 4, 16]``: each tile's group scales as integers of either sign, then 4 rows
-of 16 bytes holding its 16 channels' float32 multipliers, ``scale[n, g] = small[n // 16, g, n % 16]
-* multiplier[n]``. At groups of 32 and K = 1024 a weight takes 4.28 bits against bfloat16
+The scales' smaller form (``to_grouped_int4(..., small=True)``, 8da4w_avx2's; ``gdn::grouped_int8_linear``
+takes the same, whose module defines it) is int8 ``[N / 16, K / group + 4, 16]``: each tile's group
+scales as integers of either sign, then 4 rows of 16 bytes holding its 16 channels' float32
+multipliers, ``scale[n, g] = small[n // 16, g, n % 16] * multiplier[n]``. At groups of 32 and K = 1024 a weight takes 4.28 bits against bfloat16
 scales' 4.5 (5% fewer bytes for a decode step to read), and a channel's multiplier is its largest
 scale / 127, so each scale is rounded by at most 0.4% of that largest one: far below the codes'
 own rounding (a 0.8B program's mean KL at positions 256-510 went from 0.1543 to 0.1540, docs/benchmarks.md
@@ -41,41 +41,26 @@ from __future__ import annotations
 
 import torch
 
-from gdn_export.ops.grouped_int8_linear import (  # noqa: F401  (fits: this format's too)
-    GROUPS, ROWS_PER_BLOCK, TILE, checked_group, define_grouped_linear, fits, round_to_levels)
+from gdn_export.ops.grouped_int8_linear import (  # noqa: F401  (fits, the scales' forms: this format's too)
+    GROUPS, MULTIPLIER_ROWS, ROWS_PER_BLOCK, TILE, check_scales_type, checked_group, define_grouped_linear, fits,
+    round_to_levels, small_scale_tiles, small_scales, tile_scales)
 
 RUN = 32  # bytes a run: TILE channels x 4 inputs, two codes a byte
 CODE_OFFSET = 8  # a code c stands for c - 8
-MULTIPLIER_ROWS = 4  # rows of TILE int8 after a tile's small scales: its TILE float32 multipliers
 
 
 
 def check_weight(weight, scales) -> tuple[int, int, int]:
     """``(N, K, group)`` of a weight; TypeError / ValueError naming the argument otherwise."""
-    for name, tensor, dtypes in (("weight", weight, (torch.uint8,)), ("scales", scales, (torch.bfloat16, torch.int8))):
-        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in dtypes or tensor.dim() != 3:
-            got = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
-            raise TypeError(f"gdn.grouped_int4_linear: {name} must be a 3-d {' or '.join(map(str, dtypes))} tensor, "
-                            f"got {got}")
+    if not isinstance(weight, torch.Tensor) or weight.dtype != torch.uint8 or weight.dim() != 3:
+        got = f"{weight.dtype} {list(weight.shape)}" if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise TypeError(f"gdn.grouped_int4_linear: weight must be a 3-d torch.uint8 tensor, got {got}")
+    check_scales_type("grouped_int4_linear", scales)
     tiles, runs = weight.shape[0], weight.shape[1]
     if weight.shape[2] != RUN:
         raise ValueError(f"gdn.grouped_int4_linear: weight must be [N / {TILE}, K / 4, {RUN}], got {list(weight.shape)}")
     k = 4 * runs
-    if scales.dtype == torch.int8:
-        if scales.shape[1] <= MULTIPLIER_ROWS:
-            raise ValueError(f"gdn.grouped_int4_linear: int8 scales must be [{tiles}, K / group + {MULTIPLIER_ROWS}, "
-                             f"{TILE}], got {list(scales.shape)}")
-        return TILE * tiles, k, checked_group("grouped_int4_linear", scales[:, :-MULTIPLIER_ROWS], tiles, k)
     return TILE * tiles, k, checked_group("grouped_int4_linear", scales, tiles, k)
-
-
-def tile_scales(scales: torch.Tensor) -> torch.Tensor:
-    """The scales of either form as float32 [tiles, K / group, 16]."""
-    if scales.dtype != torch.int8:
-        return scales.float()
-    small, multipliers = scales[:, :-MULTIPLIER_ROWS], scales[:, -MULTIPLIER_ROWS:]
-    multipliers = multipliers.contiguous().view(torch.float32).reshape(-1, 1, TILE)  # the rows' bytes, in order
-    return small.float() * multipliers
 
 
 def round_activations(x: torch.Tensor) -> torch.Tensor:
@@ -100,15 +85,6 @@ def float_weight(weight, scales, start: int = 0, stop=None) -> torch.Tensor:
 
 reference_grouped_int4_linear, reference_grouped_int4_linear_out = define_grouped_linear(
     "grouped_int4_linear", check_weight, round_activations, float_weight)
-
-
-def small_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(integers, multipliers)`` of nonzero ``scales`` [N, G]: int8 [N, G] of either sign and float32 [N], each
-    channel's multiplier its largest magnitude / 127, each integer the nearest to scale / multiplier but not 0."""
-    multipliers = scales.abs().amax(dim=1) / 127
-    integers = torch.round(scales / multipliers[:, None]).clamp_(-127, 127)
-    integers = torch.where(integers == 0, torch.sign(scales), integers)
-    return integers.to(torch.int8), multipliers.float()
 
 
 def to_grouped_int4(weight: torch.Tensor, scales: torch.Tensor,
@@ -141,9 +117,7 @@ def to_grouped_int4(weight: torch.Tensor, scales: torch.Tensor,
         low, high = quads[:, :TILE // 2], quads[:, TILE // 2:]
         packed.append((low | (high << 4)).permute(0, 2, 1, 3).reshape(-1, k // 4, RUN).contiguous())
         if small:
-            tiles = integers.reshape(-1, TILE, k // group).permute(0, 2, 1)  # [t, K / group, 16]
-            tail = multipliers.reshape(-1, TILE).contiguous().view(torch.int8).reshape(-1, MULTIPLIER_ROWS, TILE)
-            units.append(torch.cat([tiles, tail], dim=1).contiguous())
+            units.append(small_scale_tiles(integers, multipliers))
         else:
             units.append(unit.reshape(-1, TILE, k // group).permute(0, 2, 1).contiguous())
     return torch.cat(packed), torch.cat(units)
