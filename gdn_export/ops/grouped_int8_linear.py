@@ -122,6 +122,8 @@ def small_scales(scales: torch.Tensor, at_least: bool = False) -> tuple[torch.Te
     multipliers = scales.abs().amax(dim=1) / 127
     multipliers = torch.where(multipliers > 0, multipliers, 1.0)
     ratios = scales / multipliers[:, None]
+    # at_least: a ratio a rounding error above an integer (127.00001 for the channel's largest) stays that integer;
+    # its largest code then rounds to 127 all the same.
     integers = (torch.ceil(ratios - 1e-4) if at_least else torch.round(ratios)).clamp_(-127, 127)
     integers = torch.where(integers == 0, torch.sign(scales), integers)
     return integers.to(torch.int8), multipliers.float()
