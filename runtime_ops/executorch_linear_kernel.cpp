@@ -101,6 +101,22 @@ void grouped_linear_out(KernelRuntimeContext& ctx, const char* op, Span<EValue*>
   }
 }
 
+// Either grouped linear's weight (GroupedInt8Weight, GroupedInt4Weight) over its codes and scales of either form.
+template <typename Weight, typename Code>
+Weight grouped_weight(const Tensor& codes, const void* scales, bool small, int64_t tiles, int64_t k, int64_t group) {
+  Weight weight;
+  weight.codes = codes.const_data_ptr<Code>();
+  if (small) {
+    weight.small_scales = static_cast<const int8_t*>(scales);
+  } else {
+    weight.scales = static_cast<const uint16_t*>(scales);
+  }
+  weight.n = 16 * tiles;
+  weight.k = k;
+  weight.group = group;
+  return weight;
+}
+
 // gdn::grouped_int8_linear.out(x, weight, scales, [norm_weight, norm_eps, gated, residual,] out): x [..., K] float32, weight [N / 16, K / 2, 16, 2] int8,
 // scales [N / 16, K / group, 16] bfloat16 or int8 [N / 16, K / group + 4, 16] -> out [..., N] float32
 void grouped_int8_linear_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
@@ -113,17 +129,9 @@ void grouped_int8_linear_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   const int64_t tiles = codes.size(0), k = 2 * codes.size(1);
   grouped_linear_out(ctx, kOp, stack, tiles, k,
                      [&](const void* scales, bool small, int64_t group, const float* x, int64_t count, float* y) {
-                       GroupedInt8Weight weight;
-                       weight.codes = codes.const_data_ptr<int8_t>();
-                       if (small) {
-                         weight.small_scales = static_cast<const int8_t*>(scales);
-                       } else {
-                         weight.scales = static_cast<const uint16_t*>(scales);
-                       }
-                       weight.n = 16 * tiles;
-                       weight.k = k;
-                       weight.group = group;
-                       grouped_int8_linear(weight, x, count, y, executorch_parallel_for);
+                       grouped_int8_linear(grouped_weight<GroupedInt8Weight, int8_t>(codes, scales, small, tiles, k,
+                                                                                      group),
+                                           x, count, y, executorch_parallel_for);
                      });
 }
 
@@ -138,17 +146,9 @@ void grouped_int4_linear_out(KernelRuntimeContext& ctx, Span<EValue*> stack) {
   const int64_t tiles = codes.size(0), k = 4 * codes.size(1);
   grouped_linear_out(ctx, kOp, stack, tiles, k,
                      [&](const void* scales, bool small, int64_t group, const float* x, int64_t count, float* y) {
-                       GroupedInt4Weight weight;
-                       weight.codes = codes.const_data_ptr<uint8_t>();
-                       if (small) {
-                         weight.small_scales = static_cast<const int8_t*>(scales);
-                       } else {
-                         weight.scales = static_cast<const uint16_t*>(scales);
-                       }
-                       weight.n = 16 * tiles;
-                       weight.k = k;
-                       weight.group = group;
-                       grouped_int4_linear(weight, x, count, y, executorch_parallel_for);
+                       grouped_int4_linear(grouped_weight<GroupedInt4Weight, uint8_t>(codes, scales, small, tiles, k,
+                                                                                       group),
+                                           x, count, y, executorch_parallel_for);
                      });
 }
 
