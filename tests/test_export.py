@@ -212,7 +212,8 @@ def eager_step_logits(model, prompt_ids, continuation):
     # gdn::planes_logits (5 bits; an untied head as int8wo's). Program against eager model,
     # over fresh prompts: int8wo under 1e-6, 16da8w 5e-5 to 1.1e-4 (12 prompts) and 1.5e-4 (a CI seed); since
     # its table is the two-plane one, the dense 16da8w 6e-5 to 2.6e-4 (18 prompts) and 3.5e-4
-    # (GDN_TEST_SEED=648166625), errors spread over every step rather than one flip, so it gets 1e-3; 8da4w_avx2 (gdn::grouped_int4_linear, the reference's int8 rounding) 1.4e-7 to 2.9e-7
+    # (GDN_TEST_SEED=648166625), errors spread over every step rather than one flip, so it gets 1e-3;
+    # 8da4w_avx2 (gdn::grouped_int4_linear, the reference's int8 rounding) 1.4e-7 to 2.9e-7
     # (3 seeds). Since its linears take each layer's norm and MLP gating (gdn_export.passes.layer_fusion), the
     # program computes those in C++ (another order of the squares' sum, another exp) where this eager model
     # runs torch's ops, so an int8 activation may round one level apart, and a 4-bit random model carries that

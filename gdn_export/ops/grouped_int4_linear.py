@@ -21,11 +21,11 @@ outputs and 4 inputs, and one run of 16 scales a group.
 The scales' smaller form (``to_grouped_int4(..., small=True)``, 8da4w_avx2's; ``gdn::grouped_int8_linear``
 takes the same, whose module defines it) is int8 ``[N / 16, K / group + 4, 16]``: each tile's group
 scales as integers of either sign, then 4 rows of 16 bytes holding its 16 channels' float32
-multipliers, ``scale[n, g] = small[n // 16, g, n % 16] * multiplier[n]``. At groups of 32 and K = 1024 a weight takes 4.28 bits against bfloat16
-scales' 4.5 (5% fewer bytes for a decode step to read), and a channel's multiplier is its largest
-scale / 127, so each scale is rounded by at most 0.4% of that largest one: far below the codes'
-own rounding (a 0.8B program's mean KL at positions 256-510 went from 0.1543 to 0.1540, docs/benchmarks.md
-run 39).
+multipliers, ``scale[n, g] = small[n // 16, g, n % 16] * multiplier[n]``. At groups of 32 and
+K = 1024 a weight takes 4.28 bits against bfloat16 scales' 4.5 (5% fewer bytes for a decode step to
+read), and a channel's multiplier is its largest scale / 127, so each scale is rounded by at most 0.4%
+of that largest one: far below the codes' own rounding (a 0.8B program's mean KL at positions 256-510
+went from 0.1543 to 0.1540, docs/benchmarks.md run 39).
 
     gdn::grouped_int4_linear(Tensor x, Tensor weight, Tensor scales, *, <FUSED_ARGS>) -> Tensor
         x [..., K] float32, weight [N / 16, K / 4, 32] uint8, scales [N / 16, K / group, 16] bfloat16
@@ -42,8 +42,8 @@ from __future__ import annotations
 import torch
 
 from gdn_export.ops.grouped_int8_linear import (  # noqa: F401  (fits, the scales' forms: this format's too)
-    GROUPS, MULTIPLIER_ROWS, ROWS_PER_BLOCK, TILE, check_scales_type, checked_group, define_grouped_linear, fits,
-    round_to_levels, small_scale_tiles, small_scales, tile_scales)
+    GROUPS, ROWS_PER_BLOCK, TILE, check_scales_type, checked_group, define_grouped_linear, fits, round_to_levels,
+    small_scale_tiles, small_scales, tile_scales)
 
 RUN = 32  # bytes a run: TILE channels x 4 inputs, two codes a byte
 CODE_OFFSET = 8  # a code c stands for c - 8

@@ -245,7 +245,7 @@ def to_grouped_int8(weight: torch.Tensor, group: int = 32, small: bool = False) 
             integers, multipliers = small_scales(largest, at_least=True)
             scale = integers.float() * multipliers[:, None]  # as the reference's tile_scales computes it
         else:
-            scale = bfloat16_at_least(largest).float()
+            scale = bfloat16_at_least(largest)
         code = torch.round(groups / torch.where(scale > 0, scale, 1)[..., None]).clamp_(-127, 127).to(torch.int8)
         codes.append(code.reshape(-1, TILE, k // 2, 2).permute(0, 2, 1, 3).contiguous())
         if small:
