@@ -112,9 +112,9 @@ inline RunBits run_bits(const uint8_t* bits) {
 // One row of the head against one token's int8 activations, in units of (row unit * activation scale): the sum
 // over each 32 weights of unit * (sum of value * activation - offset * sum of activations), a value being a high
 // nibble (or 2 * nibble + fifth bit). Integer all the way to one conversion a row: the products of values and
-// activations summed in pairs (16 bits, at most 2 * 31 * 127), each pair times its unit summed into 32 bits (at
-// most 255 * 7874 * width / 2), and the units times the activations' half sums likewise. `half_units` holds the
-// row's unit of each 32 weights.
+// activations summed in pairs (16 bits, at most 2 * 31 * 127), each pair times its unit summed into 32-bit lanes
+// and the lanes into 64 bits (at most 255 * 7874 * width / 2 in all), and the units times the activations' half
+// sums in 32 bits (at most 255 * 4064 * width / 32). `half_units` holds the row's unit of each 32 weights.
 template <bool kFifth>
 float head_row(const uint8_t* high, const uint8_t* fifth, const uint8_t* half_units, const Int8Activations& x,
                int64_t width) {
@@ -165,12 +165,15 @@ float head_row(const uint8_t* high, const uint8_t* fifth, const uint8_t* half_un
   }
   const __m256i total =
       _mm256_add_epi32(_mm256_add_epi32(partial[0], partial[1]), _mm256_add_epi32(partial[2], partial[3]));
-  // Both sums in one reduction: lanes 0 and 1 end as the products' and the offsets' totals.
-  const __m256i pairs = _mm256_hadd_epi32(total, offset);
-  const __m256i quads = _mm256_hadd_epi32(pairs, pairs);
-  const __m128i both = _mm_add_epi32(_mm256_castsi256_si128(quads), _mm256_extracti128_si256(quads, 1));
-  products = _mm_cvtsi128_si32(both);
-  offsets = _mm_extract_epi32(both, 1);
+  // A lane holds an eighth of the row's products, but their sum can pass 2^31 (the bound above is 2.6e9 for a
+  // 5-bit row of width 2560, the 4B shape's), so the lanes are summed in 64 bits.
+  const __m256i wide = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(total)),
+                                        _mm256_cvtepi32_epi64(_mm256_extracti128_si256(total, 1)));
+  const __m128i two = _mm_add_epi64(_mm256_castsi256_si128(wide), _mm256_extracti128_si256(wide, 1));
+  products = _mm_cvtsi128_si64(two) + _mm_extract_epi64(two, 1);
+  const __m128i four = _mm_add_epi32(_mm256_castsi256_si128(offset), _mm256_extracti128_si256(offset, 1));
+  const __m128i one = _mm_hadd_epi32(_mm_hadd_epi32(four, four), four);
+  offsets = _mm_cvtsi128_si32(one);
 #endif
   for (; h < halves; ++h) offsets += int32_t(half_units[h]) * half_sums[h];
   for (; run < runs; ++run) {
@@ -288,7 +291,10 @@ float head_row_wide(const uint8_t* high, const uint8_t* fifth, const uint8_t* ha
           high_sum, high_pairs, _mm512_permutexvar_epi16(_mm512_load_si512(kUnitPermutes.high[k]), units));
     }
   }
-  int64_t products = _mm512_reduce_add_epi32(_mm512_add_epi32(low_sum, high_sum));
+  // Summed in 64 bits, as in head_row: a lane's share cannot pass 2^31, the row's total can.
+  const __m512i sums = _mm512_add_epi32(low_sum, high_sum);
+  int64_t products = _mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(sums)),
+                                                              _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(sums, 1))));
   for (int64_t run = 2 * pairs; run < width / 64; ++run)  // a last run without a partner
     for (int half = 0; half < 2; ++half) {
       int32_t dot = 0;

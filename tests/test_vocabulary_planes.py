@@ -64,6 +64,27 @@ def test_program_kernels_match_the_reference(group, width, seed, generator):
             assert (expected_logits - math).abs().max().item() <= 1e-5 * scale, f"seed {seed}"
 
 
+def test_head_sums_past_32_bits_at_the_formats_extremes(seed, generator):
+    """Rows whose every weight takes the 5-bit head's largest value (31) at the largest units (255), against
+    activations all at or next to their largest (127), sum to about 255 * 7874 * width / 2 in the kernels'
+    integers: past 2^31 at the 4B shape's width. Each is the middle of codes 248..255 (123.5 units) times the
+    sum of the rounded activations; the kernels must not wrap."""
+    width = 2624  # 41 runs: both loops' tails
+    high, low, row_units, group_units = to_vocabulary_planes(random_table(generator, rows=4, width=width))
+    high[:2], low[:2], group_units[:2] = 0xFF, 0xFF, 255  # rows 0 and 1 at the extremes, 2 and 3 as drawn
+    x = 1 + 0.01 * torch.rand(1, 2, width, generator=generator)
+    x[:, 1] *= -1  # the second token's sums are negative
+    planes = (high, low, row_units, group_units)
+    program = export_program(Vocabulary(planes), (torch.zeros(1, 2, dtype=torch.int64), x))
+    fifth = fifth_plane(low)
+    logits = program.execute([torch.zeros(1, 2, dtype=torch.int64), x])[2]
+    expected = reference_planes_logits(x, high, row_units, group_units, fifth)
+    math = 123.5 * 255 * row_units[:2].float() * round_activations(x).sum(-1, keepdim=True)  # [1, 2, 2]
+    scale = expected.abs().max().item()
+    assert (expected[..., :2] - math).abs().max().item() <= 1e-5 * scale, f"seed {seed}"
+    assert (logits - expected).abs().max().item() <= 1e-5 * scale, f"seed {seed}"
+
+
 def test_reference_stays_within_the_formats_error(seed, generator):
     """Lookup within half a unit of the float table; the 4-bit head's weights the middle of their 16 codes
     (within 7.5 units of the lookup's) and the 5-bit head's the middle of their 8 (within 3.5), the fifth
