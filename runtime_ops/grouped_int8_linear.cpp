@@ -18,10 +18,15 @@ namespace gdn {
 namespace {
 
 constexpr int64_t kTile = 16;
-// Rows of x per pass over a tile: kRows int32 sums and kRows float sums stay in registers (32 of AVX-512's,
-// 16 of AVX2's, which hold half a tile each).
+// Rows of x per pass over a tile. AVX-512: 8 rows' int32 and float sums in 16 of its 32 registers. AVX2, whose
+// registers hold half a tile: 6 rows' 12 int32 sums, the pair's two vectors of codes, a broadcast and a product
+// fill its 16 (the float sums, touched once a group, wait in memory). Against 4 rows, 6 made an AVX2 prompt's
+// products 1.14x to 1.18x as fast on one Zen 3 core of a shared host while its other load slowed the core, and
+// the same (about 50 billion a second) while not (docs/benchmarks.md, run 44).
 #if defined(__AVX512BW__)
 constexpr int64_t kRows = 8;
+#elif defined(__AVX2__)
+constexpr int64_t kRows = 6;
 #else
 constexpr int64_t kRows = 4;
 #endif
@@ -87,6 +92,76 @@ void tile_rows(const int8_t* codes, const void* scales, const int16_t* x, const 
 // prefill with AVX-512 hidden (gdn-bench e2e --hide-avx512) went from 140 to 155-206 tok/s at 512 tokens.
 inline void keep_in_registers(__m256i& first, __m256i& second) { asm volatile("" : "+x"(first), "+x"(second)); }
 
+// sums[r][half] += the products of one group of a tile (`pairs` pairs of inputs from `run`) with kCount rows of
+// x, k apart: each pair's 32 codes widened to 16 bits once, then multiplied-and-added with each row's pair,
+// broadcast.
+template <int kCount>
+inline void add_group_products(const int8_t* run, const int16_t* x, int64_t k, int64_t pairs,
+                               __m256i (&sums)[kCount][2]) {
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int8_t* at_codes = run + 2 * kTile * p;
+    const __m256i low = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at_codes)));
+    const __m256i high = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at_codes + 16)));
+    for (int r = 0; r < kCount; ++r) {
+      int32_t pair;
+      std::memcpy(&pair, x + r * k + 2 * p, sizeof(pair));
+      const __m256i xs = _mm256_set1_epi32(pair);
+#if defined(__AVXVNNI__)
+      sums[r][0] = _mm256_dpwssd_avx_epi32(sums[r][0], low, xs);
+      sums[r][1] = _mm256_dpwssd_avx_epi32(sums[r][1], high, xs);
+#else
+      sums[r][0] = _mm256_add_epi32(sums[r][0], _mm256_madd_epi16(low, xs));
+      sums[r][1] = _mm256_add_epi32(sums[r][1], _mm256_madd_epi16(high, xs));
+      keep_in_registers(sums[r][0], sums[r][1]);
+#endif
+    }
+  }
+}
+
+#if !defined(__AVXVNNI__)
+// The same for a full pass of 6 rows, in assembly: its 12 sums, the two vectors of codes, the broadcast and the
+// product take all 16 registers, and GCC, given the loop above, moved each sum through a spare register after
+// its add (a third more instructions a pair). At 4 rows such moves cost little: written so, that loop ran
+// within 1.07x of the loop above.
+template <>
+inline void add_group_products<6>(const int8_t* run, const int16_t* x, int64_t k, int64_t pairs,
+                                  __m256i (&sums)[6][2]) {
+  const int8_t* const end = run + 2 * kTile * pairs;
+  const int64_t stride = k * int64_t(sizeof(int16_t));  // bytes from one row of x to the next
+  // Row r's pair: rows 0-2 at x + r * stride, rows 3-5 from rax = x + 3 * stride. Low codes (channels 0-7) in
+  // ymm12 go to sums[r][0], high codes (8-15) in ymm13 to sums[r][1].
+#define GDN_ROW_PAIR(address, first, second)                                   \
+  "vpbroadcastd " address ", %%ymm14\n\t"                                      \
+  "vpmaddwd %%ymm14, %%ymm12, %%ymm15\n\t"                                     \
+  "vpaddd %%ymm15, %[" first "], %[" first "]\n\t"                             \
+  "vpmaddwd %%ymm14, %%ymm13, %%ymm14\n\t"                                     \
+  "vpaddd %%ymm14, %[" second "], %[" second "]\n\t"
+  asm volatile(
+      "1:\n\t"
+      "vpmovsxbw (%[codes]), %%ymm12\n\t"
+      "vpmovsxbw 16(%[codes]), %%ymm13\n\t"
+      "lea (%[x], %[stride], 2), %%rax\n\t"
+      "add %[stride], %%rax\n\t"
+      GDN_ROW_PAIR("(%[x])", "s00", "s01")
+      GDN_ROW_PAIR("(%[x], %[stride], 1)", "s10", "s11")
+      GDN_ROW_PAIR("(%[x], %[stride], 2)", "s20", "s21")
+      GDN_ROW_PAIR("(%%rax)", "s30", "s31")
+      GDN_ROW_PAIR("(%%rax, %[stride], 1)", "s40", "s41")
+      GDN_ROW_PAIR("(%%rax, %[stride], 2)", "s50", "s51")
+      "add $32, %[codes]\n\t"
+      "add $4, %[x]\n\t"
+      "cmp %[end], %[codes]\n\t"
+      "jb 1b\n\t"
+      : [s00] "+x"(sums[0][0]), [s01] "+x"(sums[0][1]), [s10] "+x"(sums[1][0]), [s11] "+x"(sums[1][1]),
+        [s20] "+x"(sums[2][0]), [s21] "+x"(sums[2][1]), [s30] "+x"(sums[3][0]), [s31] "+x"(sums[3][1]),
+        [s40] "+x"(sums[4][0]), [s41] "+x"(sums[4][1]), [s50] "+x"(sums[5][0]), [s51] "+x"(sums[5][1]),
+        [codes] "+r"(run), [x] "+r"(x)
+      : [stride] "r"(stride), [end] "r"(end)
+      : "rax", "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+#undef GDN_ROW_PAIR
+}
+#endif
+
 // As above with two 8-lane halves of the tile.
 template <int kCount, bool kSmall>
 void tile_rows(const int8_t* codes, const void* scales, const int16_t* x, const float* row_scales, int64_t k,
@@ -97,26 +172,7 @@ void tile_rows(const int8_t* codes, const void* scales, const int16_t* x, const 
   for (int64_t g = 0; g < k / group; ++g) {
     __m256i sums[kCount][2];
     for (int r = 0; r < kCount; ++r) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
-    const int8_t* run = codes + g * group * kTile;
-    for (int64_t p = 0; p < pairs; ++p) {
-      const int8_t* at_codes = run + 2 * kTile * p;
-      const __m256i low = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at_codes)));
-      const __m256i high = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at_codes + 16)));
-      const int64_t at = g * group + 2 * p;
-      for (int r = 0; r < kCount; ++r) {
-        int32_t pair;
-        std::memcpy(&pair, x + r * k + at, sizeof(pair));
-        const __m256i xs = _mm256_set1_epi32(pair);
-#if defined(__AVXVNNI__)
-        sums[r][0] = _mm256_dpwssd_avx_epi32(sums[r][0], low, xs);
-        sums[r][1] = _mm256_dpwssd_avx_epi32(sums[r][1], high, xs);
-#else
-        sums[r][0] = _mm256_add_epi32(sums[r][0], _mm256_madd_epi16(low, xs));
-        sums[r][1] = _mm256_add_epi32(sums[r][1], _mm256_madd_epi16(high, xs));
-        keep_in_registers(sums[r][0], sums[r][1]);
-#endif
-      }
-    }
+    add_group_products<kCount>(codes + g * group * kTile, x + g * group, k, pairs, sums);
     for (int half = 0; half < 2; ++half) {
       const __m256 scale = group_scales<kSmall>(scales, g, half);
       for (int r = 0; r < kCount; ++r) {
