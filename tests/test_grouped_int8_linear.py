@@ -44,7 +44,8 @@ def test_program_kernel_matches_the_reference(group, n, k, small, seed, generato
     weight, scales = to_grouped_int8(random_weight(generator, n, k), group, small=small)
     x = torch.randn(1, 19, k, generator=generator) * torch.rand(1, 19, 1, generator=generator) * 4
     program = export_program(Linear(weight, scales), (x,), dynamic_length_args=1, max_length=24)
-    # 1 row (a decode step), 8 (one pass of the kernel's rows), 19 (two passes and a remainder of 3).
+    # 1 row (a decode step); 8 (one pass of AVX-512's rows; AVX2's 6, then 2); 19 (AVX-512: two passes and 3;
+    # AVX2: three passes of 6, its assembly loop, and 1).
     for length in (1, 8, 19):
         (actual,) = program.execute([x[:, :length]])
         expected = reference_grouped_int8_linear(x[:, :length], weight, scales)
