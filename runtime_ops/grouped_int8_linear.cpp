@@ -129,7 +129,8 @@ inline void add_group_products<6>(const int8_t* run, const int16_t* x, int64_t k
   const int8_t* const end = run + 2 * kTile * pairs;
   const int64_t stride = k * int64_t(sizeof(int16_t));  // bytes from one row of x to the next
   // Row r's pair: rows 0-2 at x + r * stride, rows 3-5 from rax = x + 3 * stride. Low codes (channels 0-7) in
-  // ymm12 go to sums[r][0], high codes (8-15) in ymm13 to sums[r][1].
+  // ymm12 go to sums[r][0], high codes (8-15) in ymm13 to sums[r][1]. The loop runs its body before its test:
+  // a group holds at least 16 pairs.
 #define GDN_ROW_PAIR(address, first, second)                                   \
   "vpbroadcastd " address ", %%ymm14\n\t"                                      \
   "vpmaddwd %%ymm14, %%ymm12, %%ymm15\n\t"                                     \
