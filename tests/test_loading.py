@@ -370,8 +370,9 @@ def test_int4_scales_are_near_the_best_scale_of_a_dense_search(signed, seed):
 @pytest.mark.parametrize("signed", [False, True])
 @pytest.mark.parametrize("kernel", ["reference", "runtime_ops"])
 def test_int4_scales_of_a_matrix_are_those_of_each_row_alone(kernel, signed, seed, monkeypatch):
-    """The reference works on blocks of rows, the C++ kernel on sixteen groups side by side (74 groups here,
-    the last batch of ten); a group's scale must not depend on the rows or groups beside it."""
+    """The reference works on blocks of rows, the C++ kernel on a vector's width of groups side by side (16, 8
+    or 4: 74 groups here leave a last batch of 10, 2 or 2); a group's scale must not depend on the rows or
+    groups beside it."""
     import gdn_export.ops.int4_scales as int4_scales
     from gdn_export.quantize import INT4_SCALE_DIVISORS, INT4_SIGNED_SCALE_DIVISORS
 
@@ -400,7 +401,7 @@ def test_int4_scales_kernel_is_the_reference(group, signed, seed):
 
     assert torch._C._dispatch_has_kernel_for_dispatch_key("gdn::fit_int4_scales", "CPU"), "C++ kernel not loaded"
     generator = torch.Generator().manual_seed(seed)
-    rows, columns = 45, 4 * group  # 180 groups: eleven batches of sixteen and one of four
+    rows, columns = 45, 4 * group  # 180 groups: the kernel's last batch of 16 or 8 lanes holds 4
     weight = torch.randn(rows, columns, generator=generator) * 0.02
     weight[::7, 5] *= 6  # outliers
     weight[3, :group] = 0  # an all-zero group
