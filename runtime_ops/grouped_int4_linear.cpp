@@ -29,7 +29,6 @@ constexpr int64_t kRows = 8;
 #else
 constexpr int64_t kRows = 4;
 #endif
-constexpr int64_t kPrefetchBytes = 1024;
 
 // One row of x in int8 with one max-abs scale (the contract's rounding: to nearest, ties to even), and per group
 // kCodeOffset times the sum of its int8 values.
@@ -148,9 +147,7 @@ void one_row(const TileRows& p) {
   __m512 out = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* runs = p.codes + g * p.group / 4 * kRunBytes;
-    for (int64_t line = 0; line < p.group / 4 * kRunBytes; line += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(runs + kPrefetchBytes + line), _MM_HINT_T0);
-    }
+    ask_ahead(runs, p.group / 4 * kRunBytes);
     const int8_t* x = p.x + g * p.group;
     __m512i a = _mm512_setzero_si512(), b = _mm512_setzero_si512();
     __m512i c = _mm512_setzero_si512(), d = _mm512_setzero_si512();
@@ -190,6 +187,7 @@ void tile_rows(const TileRows& p) {
       __m256i pairs[kCount][2];
       for (int r = 0; r < kCount; ++r) pairs[r][0] = pairs[r][1] = _mm256_setzero_si256();
       const uint8_t* runs = p.codes + block * 8 * kRunBytes;
+      if constexpr (kCount == 1) ask_ahead(runs, 8 * kRunBytes);  // a decode step
 #pragma GCC unroll 8
       for (int q = 0; q < 8; ++q) {
         const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(runs + kRunBytes * q));

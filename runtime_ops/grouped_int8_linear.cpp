@@ -173,6 +173,7 @@ void tile_rows(const int8_t* codes, const void* scales, const int16_t* x, const 
   for (int64_t g = 0; g < k / group; ++g) {
     __m256i sums[kCount][2];
     for (int r = 0; r < kCount; ++r) sums[r][0] = sums[r][1] = _mm256_setzero_si256();
+    if constexpr (kCount == 1) ask_ahead(codes + g * group * kTile, group * kTile);  // a decode step
     add_group_products<kCount>(codes + g * group * kTile, x + g * group, k, pairs, sums);
     for (int half = 0; half < 2; ++half) {
       const __m256 scale = group_scales<kSmall>(scales, g, half);
