@@ -70,6 +70,7 @@ void tile_rows(const int8_t* codes, const void* scales, const int16_t* x, const 
     __m512i sums[kCount];
     for (int r = 0; r < kCount; ++r) sums[r] = _mm512_setzero_si512();
     const int8_t* run = codes + g * group * kTile;
+    if constexpr (kCount == 1) ask_ahead(run, group * kTile);  // a decode step
     for (int64_t p = 0; p < pairs; ++p) {
       const __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(run + 2 * kTile * p)));
       const int64_t at = g * group + 2 * p;

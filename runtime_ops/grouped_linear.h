@@ -98,9 +98,10 @@ inline __m256 output_scales(const void* scales, int64_t groups, float row_scale,
 constexpr int64_t kGroupedRowBlock = 64;  // rows of x kept hot while a thread's tiles pass over them
 
 // How far ahead of a decode step's reads both linears ask for a tile's codes: a step's tiles stream from memory,
-// and with the hardware prefetcher alone the 0.8B step's linears took 1.1x to 1.2x as long on AVX2 (Zen 3,
-// docs/benchmarks.md run 45).
-constexpr int64_t kPrefetchBytes = 1024;
+// and with the hardware prefetcher alone the 0.8B step's linears took 1.1x to 1.5x as long (AVX2 on Zen 3, AVX2
+// and AVX-512 on a Xeon). 1 to 4 KiB ahead ran alike on Zen 3; on the Xeon 3 KiB was best, 1 KiB 1.15x to 1.2x
+// slower (docs/benchmarks.md run 45).
+constexpr int64_t kPrefetchBytes = 3072;
 
 // Asks the cache for the bytes [at + kPrefetchBytes, at + kPrefetchBytes + bytes), a 64-byte line at a time.
 inline void ask_ahead(const void* at, int64_t bytes) {
