@@ -16,9 +16,11 @@ backend offers):
   passes over the program where ``to_edge`` takes one. Each method with a partitioner is decomposed
   here, functional at once, and ExecuTorch's two re-traces leave it as it is when they have nothing to do.
 * ``edge_passes_where_applicable``. ExecuTorch's conversion to its edge dialect runs a dozen passes over each
-  method, each re-tracing it. Four of them rewrite only what our programs no longer hold once decomposed
-  (``EDGE_PASS_REWRITES``: a node of ``aten.t``, a view op, a symbolic value where a tensor is expected, an
-  arithmetic op whose operands' dtypes differ), and are skipped for a program without it.
+  method, each re-tracing it. Five of them rewrite only what our programs no longer hold once decomposed
+  (``EDGE_PASS_REWRITES``: a node of ``aten.t``, a view op, a symbolic value or a number where a tensor is
+  expected, an arithmetic op whose operands' dtypes differ), and are skipped for a program without it.
+* ``views_and_numbers_in_one_trace``. The first of those passes, each view op to its copying op, also makes
+  tensors of the numbers that ops take as tensors, the work of a later pass with a re-trace of its own.
 * ``edge_ops_and_dim_order_in_one_trace``. The last two of those passes, to edge ops and to dim-order ops,
   each rewrite one node at a time; they run as one re-trace.
 * ``portable_dim_order_legalized_where_needed``. ``to_executorch`` re-traces each method to copy the input of a
@@ -170,20 +172,31 @@ def _holds_a_view_op(graph_module) -> bool:
                for node in graph_module.graph.nodes if node.op == "call_function")
 
 
-def _passes_a_symbol_as_a_tensor(graph_module) -> bool:
-    """Whether an op gets a SymInt/SymFloat/SymBool where its schema takes a Tensor (what SymToTensorPass wraps in
-    ``aten.scalar_tensor``)."""
-    symbols = (torch.SymInt, torch.SymFloat, torch.SymBool)
+def _tensor_arguments(graph_module) -> Iterator[tuple]:
+    """(node, value) for each argument of an op of ``graph_module`` that its schema types as a Tensor."""
     for node in graph_module.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         for index, argument in enumerate(node.target._schema.arguments):
+            if not isinstance(argument.type, torch.TensorType):
+                continue
             value = node.kwargs.get(argument.name) if argument.kwarg_only or argument.name in node.kwargs \
                 else (node.args[index] if index < len(node.args) else None)
-            if isinstance(argument.type, torch.TensorType) and isinstance(value, torch.fx.Node) \
-                    and isinstance(value.meta.get("val"), symbols):
-                return True
-    return False
+            yield node, value
+
+
+def _passes_a_symbol_as_a_tensor(graph_module) -> bool:
+    """Whether an op gets a SymInt/SymFloat/SymBool where its schema takes a Tensor (what SymToTensorPass wraps in
+    ``aten.scalar_tensor``)."""
+    symbols = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    return any(isinstance(value, torch.fx.Node) and isinstance(value.meta.get("val"), symbols)
+               for _, value in _tensor_arguments(graph_module))
+
+
+def _passes_a_number_as_a_tensor(graph_module) -> bool:
+    """Whether an op gets a Python number where its schema takes a Tensor (what ScalarToTensorPass makes a tensor
+    constant of)."""
+    return any(isinstance(value, (float, int, bool)) for _, value in _tensor_arguments(graph_module))
 
 
 def _promotion_kinds() -> dict:
@@ -236,6 +249,8 @@ EDGE_PASS_REWRITES = {
     "NormalizeTransposePass": _holds_a_transpose,  # aten.t -> aten.t_copy
     "ReplaceBrokenOpsWithFunctionalOpsPass": _holds_a_view_op,  # each view op -> its _copy op
     "SymToTensorPass": _passes_a_symbol_as_a_tensor,
+    # Its numbers are made tensors in the first re-trace already (views_and_numbers_in_one_trace).
+    "ScalarToTensorPass": _passes_a_number_as_a_tensor,
     "RemoveMixedTypeOperators": _mixes_dtypes,
 }
 
@@ -298,6 +313,34 @@ def portable_dim_order_legalized_where_needed() -> Iterator[None]:
             return super().call(graph_module)
 
     with replaced_attribute(program_module, "LegalizePortableDimOrderPass", WhereNeeded):
+        yield
+
+
+@contextlib.contextmanager
+def views_and_numbers_in_one_trace() -> Iterator[None]:
+    """While open, the first re-trace of ExecuTorch's conversion to its edge dialect, torch's
+    ``ReplaceViewOpsWithViewCopyOpsPass`` (each view op to its copying op), also does what ``ScalarToTensorPass``
+    does a few passes later in a re-trace of its own (a Python number where an op takes a Tensor to a tensor
+    constant). Both rewrite one node at a time from the op it calls, and none of the passes between them
+    (``ReplaceSymSizeOpPass``, ``NormalizeTransposePass``, ``ReplaceBrokenOpsWithFunctionalOpsPass``) reads a
+    number, so numbers made tensors earlier give the same graph; ``ScalarToTensorPass`` then finds none and is
+    skipped (``edge_passes_where_applicable``; tests/test_xnnpack_lowering.py compares the bytes)."""
+    import executorch.exir.program._program as program_module
+    from executorch.exir.passes.scalar_to_tensor_pass import ScalarToTensorPass
+    from torch._export.passes.replace_view_ops_with_view_copy_ops_pass import (
+        _NON_FUNCTIONAL_OPS_TO_FUNCTIONAL_OPS,
+        get_view_copy_of_view_op,
+    )
+
+    class ViewCopiesAndNumberTensors(ScalarToTensorPass):
+        def call_operator(self, op, args, kwargs, meta):
+            if op in _NON_FUNCTIONAL_OPS_TO_FUNCTIONAL_OPS:
+                op = _NON_FUNCTIONAL_OPS_TO_FUNCTIONAL_OPS[op]
+            elif isinstance(op, torch._ops.OpOverload):
+                op = get_view_copy_of_view_op(op._schema) or op
+            return super().call_operator(op, args, kwargs, meta)
+
+    with replaced_attribute(program_module, "ReplaceViewOpsWithViewCopyOpsPass", ViewCopiesAndNumberTensors):
         yield
 
 

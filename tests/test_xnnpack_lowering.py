@@ -116,8 +116,8 @@ class MixedTypes(nn.Module):
 def test_edge_pass_checks_see_what_their_pass_rewrites(dense_checkpoint, generator, tmp_path):
     """Where a check says no, its pass leaves the graph as it was: the graphs of the tiny model's export (what the
     checks see inside ``edge_passes_where_applicable``) each go through the pass itself. Where the pass rewrites
-    (a transpose and a reshape, traced as ``aten.t`` and ``aten.view``; a float times an int64 tensor), its check
-    says yes."""
+    (a transpose and a reshape, traced as ``aten.t`` and ``aten.view``; a tensor times a number; a float times an
+    int64 tensor), its check says yes."""
     import copy
 
     import executorch.exir.program._program as program_module
@@ -144,7 +144,7 @@ def test_edge_pass_checks_see_what_their_pass_rewrites(dense_checkpoint, generat
 
     program = torch.export.export(TransposesAndViews(), (torch.randn(3, 5, generator=generator),), strict=False)
     graph_module = program.run_decompositions({}).graph_module  # functional, nothing decomposed: aten.t, aten.view
-    for name in ("NormalizeTransposePass", "ReplaceBrokenOpsWithFunctionalOpsPass"):
+    for name in ("NormalizeTransposePass", "ReplaceBrokenOpsWithFunctionalOpsPass", "ScalarToTensorPass"):
         assert checks[name](graph_module), name
         assert passes[name](copy.deepcopy(graph_module)).graph_module.code != graph_module.code, name
 
@@ -280,7 +280,8 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
     monkeypatch.setattr(lowering, "OneDecompositionXnnpackPartitioner", XnnpackPartitioner)
     monkeypatch.setattr(lowering, "decomposed_once", lambda programs, partitioners: programs)
     monkeypatch.setattr(lowering, "functional_programs_kept", lambda programs: contextlib.nullcontext())
-    for shortcut in ("edge_passes_where_applicable", "edge_ops_and_dim_order_in_one_trace",
+    for shortcut in ("edge_passes_where_applicable", "views_and_numbers_in_one_trace",
+                     "edge_ops_and_dim_order_in_one_trace",
                      "portable_dim_order_legalized_where_needed", "unchanged_submodules_not_recompiled",
                      "merges_checked_on_sets", "weights_freed_once_serialized"):
         monkeypatch.setattr(lowering, shortcut, contextlib.nullcontext)
