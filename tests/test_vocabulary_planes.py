@@ -213,3 +213,25 @@ def test_programs_exported_before_the_fifth_plane_still_run(seed, generator):
     logits = Runtime.get().load_program(program).load_method("forward").execute([x])[0]
     expected = reference_planes_logits(x, high, row_units, group_units)
     assert (logits - expected).abs().max().item() <= 1e-5 * expected.abs().max().item(), f"seed {seed}"
+
+
+def test_tables_of_several_row_blocks_get_each_rows_planes(seed, generator):
+    """A table longer than the ``ROWS_PER_BLOCK`` rows that the planes are made at a time (the last block part
+    full): each row's planes are those the row gets alone (a row's units and codes come from its own weights),
+    and its fifth plane holds bit 3 of each weight's low nibble, bit i of byte k being weight 8 k + i."""
+    from gdn_export.ops.vocabulary_planes import ROWS_PER_BLOCK
+
+    table = random_table(generator, rows=2 * ROWS_PER_BLOCK + 37, width=64)
+    whole = to_vocabulary_planes(table)
+    picked = torch.randint(0, table.shape[0], (20,), generator=generator).tolist() + [table.shape[0] - 1]
+    for row in picked:
+        alone = to_vocabulary_planes(table[row:row + 1])
+        for name, of_table, of_row in zip(("high", "low", "row_units", "group_units"), whole, alone):
+            assert torch.equal(of_table[row:row + 1], of_row), f"seed {seed}: row {row}'s {name}"
+    fifth = fifth_plane(whole[1])
+    low = whole[1].long()
+    # Byte j of a 64-weight run holds weight j (low nibble) and weight 32 + j (high nibble).
+    nibbles = torch.cat([low.reshape(low.shape[0], -1, 32) & 15, low.reshape(low.shape[0], -1, 32) >> 4], dim=-1)
+    bits = (nibbles.reshape(low.shape[0], -1) >> 3) & 1
+    unpacked = (fifth.long()[..., None] >> torch.arange(8)) & 1
+    assert torch.equal(unpacked.reshape(low.shape[0], -1), bits), f"seed {seed}"

@@ -150,9 +150,16 @@ def _bits(plane: torch.Tensor) -> torch.Tensor:
 
 
 def fifth_plane(low: torch.Tensor) -> torch.Tensor:
-    """The ``fifth`` plane of a table from its ``low`` plane: each code's bit 3, eight weights a byte."""
-    bits = (_nibbles(low) >> 3).reshape(low.shape[0], -1, 8).to(torch.uint8)
-    return (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+    """The ``fifth`` plane of a table from its ``low`` plane: each code's bit 3, eight weights a byte. Made
+    ``ROWS_PER_BLOCK`` rows at a time: the 0.8B table's nibbles at once (int32) took its 16da8w export's peak
+    from 2.6 to 4.6 GiB."""
+    def of_rows(block: torch.Tensor) -> torch.Tensor:
+        bits = (_nibbles(block) >> 3).reshape(block.shape[0], -1, 8).to(torch.uint8)
+        return (bits << torch.arange(8, dtype=torch.uint8)).sum(-1, dtype=torch.uint8)
+
+    if low.shape[0] <= ROWS_PER_BLOCK:
+        return of_rows(low)
+    return torch.cat([of_rows(low[start:start + ROWS_PER_BLOCK]) for start in range(0, low.shape[0], ROWS_PER_BLOCK)])
 
 
 def reference_planes_logits(x, high, row_units, group_units, fifth=None):
@@ -213,20 +220,27 @@ def to_vocabulary_planes(weight: torch.Tensor, group: int = 32):
     if width % 64 or group % GROUP_MULTIPLE or width % group:
         raise ValueError(f"to_vocabulary_planes: width {width} must be a multiple of 64 and group {group} a multiple "
                          f"of {GROUP_MULTIPLE} dividing it")
-    high, low, row_units, group_units = [], [], [], []
+    # Written into tensors of the whole table's size, made first: a block's results kept between its temporaries
+    # left the freed temporaries' memory in pieces too small to reuse, and the 0.8B table's conversion grew the
+    # process by 1.2 GiB.
+    high = torch.empty(rows, width // 2, dtype=torch.uint8)
+    low = torch.empty(rows, width // 2, dtype=torch.uint8)
+    row_units = torch.empty(rows, dtype=torch.bfloat16)
+    group_units = torch.empty(rows, width // group, dtype=torch.uint8)
     for start in range(0, rows, ROWS_PER_BLOCK):
-        groups = weight[start:start + ROWS_PER_BLOCK].float().reshape(-1, width // group, group)
+        stop = min(start + ROWS_PER_BLOCK, rows)
+        groups = weight[start:stop].float().reshape(-1, width // group, group)
         smallest = groups.abs().amax(-1) / 127.5  # [rows, groups]
         row_unit = bfloat16_at_least(smallest.amax(-1) / 255)  # [rows]
         steps = torch.ceil(smallest / torch.where(row_unit > 0, row_unit, 1)[:, None]).clamp_(0, 255)
         unit = (row_unit[:, None] * steps)[..., None]
         codes = torch.round(groups / torch.where(unit > 0, unit, 1)).clamp_(-128, 127).to(torch.int32)
         codes = codes.reshape(-1, width)
-        high.append(_pack((codes >> 4) + 8))
-        low.append(_pack(codes & 15))
-        row_units.append(row_unit.to(torch.bfloat16))
-        group_units.append(steps.to(torch.uint8))
-    return torch.cat(high), torch.cat(low), torch.cat(row_units), torch.cat(group_units)
+        high[start:stop] = _pack((codes >> 4) + 8)
+        low[start:stop] = _pack(codes & 15)
+        row_units[start:stop] = row_unit
+        group_units[start:stop] = steps
+    return high, low, row_units, group_units
 
 
 def bfloat16_at_least(values: torch.Tensor) -> torch.Tensor:
