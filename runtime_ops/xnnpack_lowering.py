@@ -172,8 +172,8 @@ def _holds_a_view_op(graph_module) -> bool:
                for node in graph_module.graph.nodes if node.op == "call_function")
 
 
-def _tensor_arguments(graph_module) -> Iterator[tuple]:
-    """(node, value) for each argument of an op of ``graph_module`` that its schema types as a Tensor."""
+def _tensor_arguments(graph_module) -> Iterator:
+    """The value of each argument of an op of ``graph_module`` that its schema types as a Tensor."""
     for node in graph_module.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
@@ -182,7 +182,7 @@ def _tensor_arguments(graph_module) -> Iterator[tuple]:
                 continue
             value = node.kwargs.get(argument.name) if argument.kwarg_only or argument.name in node.kwargs \
                 else (node.args[index] if index < len(node.args) else None)
-            yield node, value
+            yield value
 
 
 def _passes_a_symbol_as_a_tensor(graph_module) -> bool:
@@ -190,13 +190,13 @@ def _passes_a_symbol_as_a_tensor(graph_module) -> bool:
     ``aten.scalar_tensor``)."""
     symbols = (torch.SymInt, torch.SymFloat, torch.SymBool)
     return any(isinstance(value, torch.fx.Node) and isinstance(value.meta.get("val"), symbols)
-               for _, value in _tensor_arguments(graph_module))
+               for value in _tensor_arguments(graph_module))
 
 
 def _passes_a_number_as_a_tensor(graph_module) -> bool:
     """Whether an op gets a Python number where its schema takes a Tensor (what ScalarToTensorPass makes a tensor
     constant of)."""
-    return any(isinstance(value, (float, int, bool)) for _, value in _tensor_arguments(graph_module))
+    return any(isinstance(value, (float, int, bool)) for value in _tensor_arguments(graph_module))
 
 
 def _promotion_kinds() -> dict:
