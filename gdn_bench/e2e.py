@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -60,7 +61,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from gdn_bench import UsageError, llama_cpp, x86_isa
+from gdn_bench import UsageError, llama_cpp, runner_timing, x86_isa
 
 SYSTEMS = ("ours", "ours_8da4w", "ours_8da4w_avx2", "ours_8da8w", "ours_int8wo", "ours_16da8w", "hf", "executorch")
 # llama.cpp's GGUF files (--llama-cpp), reported after ours.
@@ -250,6 +251,7 @@ class Workdir:
         self.root = root.resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         self.checkpoint = self.root / "checkpoint"
+        self.tokenizer = self.checkpoint / "tokenizer.json"
         self.ours = {system: self.root / f"ours_{quantize if quantize != 'none' else 'fp32'}.pte"
                      for system, quantize in OURS.items()}
         # Not named "executorch": export_llm imports differently when its working folder is.
@@ -532,6 +534,28 @@ def measure_in_child(system: str, artifact: Path, plan: Plan) -> dict:
         return pool.submit(measure, system, str(artifact), plan).result()
 
 
+def measure_in_runner(runner: Path, program: Path, tokenizer: Path, plan: Plan) -> dict:
+    """Our program in the C++ runner (``--runner``), ``time_session``'s protocol in the runner's terms: for each
+    prompt length a process that runs it twice from an empty state, the first untimed; the second gives the prefill
+    tok/s, and after the first length the decode tok/s (its median step of ``plan.decode_steps``)."""
+    load_before = os.getloadavg()[0]
+    prefill, decode, load_seconds = {}, None, None
+    for index, length in enumerate(plan.prompts):
+        new_tokens = plan.decode_steps + 1 if index == 0 else 1  # the first token comes from the prefill
+        command = runner_timing.runner_command(runner, program, tokenizer, prompt_tokens=length, new_tokens=new_tokens,
+                                               prefill_chunk=None, runs=2, seed=plan.seed, threads=plan.threads)
+        untimed, timed = runner_timing.run_runner(command, 2)
+        prefill[str(length)] = length / timed["prefill_seconds"]
+        log(f"  prefill {length}: {timed['prefill_seconds']:.2f} s, {prefill[str(length)]:.1f} tok/s")
+        if index == 0:
+            load_seconds = untimed["load_seconds"]
+            decode = 1 / timed["decode_median_step_seconds"]
+            log(f"  decode {plan.decode_steps} steps after {length}: median "
+                f"{1e3 * timed['decode_median_step_seconds']:.1f} ms, {decode:.2f} tok/s")
+    return {"load_seconds": load_seconds, "threads": plan.threads, "runner": str(runner),
+            "load_average": [load_before, os.getloadavg()[0]], "prefill_tok_s": prefill, "decode_tok_s": decode}
+
+
 # ---------------------------------------------------------------------------
 # Quality: how far each quantized program's next-token distributions are from the fp32 model's.
 
@@ -619,7 +643,7 @@ def measure_llama_kl(llama: llama_cpp.LlamaCpp, workdir: Workdir, threads: int) 
     # llama-perplexity wants twice the context's tokens of text even for its one chunk.
     tokens = quality_tokens(workdir.checkpoint, 2 * KL_TOKENS)
     text = workdir.llama_dir / "kl_text.txt"
-    write_atomically(text, Tokenizer.from_file(str(workdir.checkpoint / "tokenizer.json")).decode(tokens).encode())
+    write_atomically(text, Tokenizer.from_file(str(workdir.tokenizer)).decode(tokens).encode())
     base = workdir.llama_dir / "kl_base_f32.bin"
     run_tool(llama_cpp.perplexity_base_command(llama, workdir.gguf["llama_f32"], text, base, KL_TOKENS, threads))
     evaluated = llama_cpp.base_tokens(base)
@@ -804,18 +828,41 @@ def decoding_workers(artifacts: dict, plan: Plan) -> Iterator[dict]:
                 process.join(timeout=60)
 
 
-def alternated_with_llama(artifacts: dict, ggufs: dict, llama: llama_cpp.LlamaCpp, plan: Plan, rounds: int) -> dict:
+def worker_turn(connection, steps: int) -> float:
+    """One decode turn of a ``decode_turns`` process: ``steps`` tokens after its prompt, prefilled again; tok/s."""
+    connection.send((steps, True))
+    return 1e3 * steps / sum(connection.recv())
+
+
+def runner_turn(runner: Path, program: Path, tokenizer: Path, plan: Plan) -> float:
+    """One decode turn in the C++ runner: a process that prefills the first prompt and decodes ``plan.decode_steps``
+    tokens after it; tok/s."""
+    command = runner_timing.runner_command(runner, program, tokenizer, prompt_tokens=plan.prompts[0],
+                                           new_tokens=plan.decode_steps + 1, prefill_chunk=None, runs=1,
+                                           seed=plan.seed, threads=plan.threads)
+    (run,) = runner_timing.run_runner(command, 1)
+    return run["decode_steps"] / run["decode_seconds"]
+
+
+def alternated_with_llama(artifacts: dict, ggufs: dict, llama: llama_cpp.LlamaCpp, plan: Plan, rounds: int,
+                          runner: Optional[Path] = None, tokenizer: Optional[Path] = None) -> dict:
     """Decode tok/s of our programs (``artifacts``) and llama.cpp's files (``ggufs``) in alternation: each round,
     every system decodes ``plan.decode_steps`` tokens after the first prompt, one after the other (ours in its
-    process, loaded once; llama.cpp in one llama-bench run at that depth). A system's rate is the median over
-    rounds of its turn's tokens per second, so both sides meet the host's drift in the same rounds.
+    process, loaded once, or with ``runner`` (the C++ runner, given the checkpoint's ``tokenizer``) in a runner
+    process each turn; llama.cpp in one llama-bench run at that depth). A system's rate is the median over rounds
+    of its turn's tokens per second, so both sides meet the host's drift in the same rounds.
     Returns ``{system: {"decode_tok_s": median, "turns_tok_s": [...]}}``."""
     turns = {system: [] for system in (*artifacts, *ggufs)}
-    with decoding_workers(artifacts, plan) as workers:
+    with decoding_workers({} if runner else artifacts, plan) as workers:
+        if runner is None:
+            ours = {system: functools.partial(worker_turn, connection, plan.decode_steps)
+                    for system, connection in workers.items()}
+        else:
+            ours = {system: functools.partial(runner_turn, runner, Path(program), tokenizer, plan)
+                    for system, program in artifacts.items()}
         for round_index in range(rounds):
-            for system, connection in workers.items():
-                connection.send((plan.decode_steps, True))
-                turns[system].append(1e3 * plan.decode_steps / sum(connection.recv()))
+            for system, turn in ours.items():
+                turns[system].append(turn())
             for system, gguf in ggufs.items():
                 command = llama_cpp.decode_turn_command(llama, gguf, plan.prompts[0], plan.decode_steps, plan.threads)
                 turns[system].append(llama_cpp.parse_bench([run_tool(command).stdout])["decode_tok_s"])
@@ -994,9 +1041,10 @@ def report(results: dict, builds: dict, floor: dict, prompts: tuple, sizes: Opti
         share = f"{decode / step_floor:.2f}" if decode and step_floor else "-"
         gigabytes = f"{streamed[system] / 1e9:.3f}" if system in streamed else "-"
         load = " to ".join(f"{value:.1f}" for value in entry.get("load_average", ()))
+        threads = f"{entry.get('threads', '-')}" + (", C++ runner" if "runner" in entry else "")
         lines.append(
             f"| {SYSTEM_LABELS[system]} | " + " | ".join(prefill) + f" | {format_rate(decode)} | {gigabytes} "
-            f"| {share} | {entry.get('threads', '-')} | {entry['measured_at']} ({load}) |"
+            f"| {share} | {threads} | {entry['measured_at']} ({load}) |"
         )
     lines += ["", "| target | ratio | floor | met | the floor asks of the numerator's memory floor |",
               "|---|---|---|---|---|"]
@@ -1223,6 +1271,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="threads for every system (default: the CPU count, %(default)s); on a busy machine "
                              "fewer threads than cores avoids threads waiting on each other")
     parser.add_argument("--seed", type=int, default=0, help="weights and prompt tokens (default %(default)s)")
+    parser.add_argument("--runner", type=Path, default=None,
+                        help="the C++ runner (python -m examples.cpp_runner.build). --device cuda: it times our "
+                             "program (default build/cpp_runner/gdn_cpp_runner). --device cpu: if given, it times our "
+                             "programs, on --threads threads, instead of ExecuTorch's Python runtime: as an app runs "
+                             "them, and where that runtime cannot load beside the machine's torch")
     parser.add_argument("--interleave", type=_optional_systems, default=("ours", "executorch"),
                         help="systems whose decode is also timed in turns, all loaded at once, among those of --only "
                              "(default %(default)s; an empty string skips it)")
@@ -1291,6 +1344,21 @@ def hide_avx512_in_children(llama: Optional[llama_cpp.LlamaCpp]) -> None:
     os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
 
 
+def check_cpu_runner(args) -> None:
+    """--runner with --device cpu: a file, and no option that times our programs in ExecuTorch's Python runtime."""
+    if not args.runner.is_file() or not os.access(args.runner, os.X_OK):
+        raise UsageError(f"--runner {args.runner}: not an executable file (python -m examples.cpp_runner.build "
+                         "builds build/cpp_runner/gdn_cpp_runner)")
+    if args.hide_avx512:
+        raise UsageError("--runner: --hide-avx512 hides AVX-512 from programs in ExecuTorch's Python runtime only")
+    if args.prompt_cache:
+        raise UsageError("--runner: --prompt-cache times the Python runner's state files, not the C++ runner")
+    interleaved = [system for system in args.interleave if system in args.only]
+    if len(interleaved) >= 2 and any(system in OURS for system in interleaved):
+        raise UsageError("--runner: --interleave loads our programs in ExecuTorch's Python runtime, all at once; "
+                         "pass --interleave '' with --runner")
+
+
 def run(args) -> int:
     """The CPU benchmark (``gdn_bench.e2e_cli`` sends --device cuda to ``gdn_bench.e2e_cuda``)."""
     apply_defaults(args, CPU_DEFAULTS)
@@ -1315,6 +1383,8 @@ def run(args) -> int:
                         ("--cache-rounds", args.cache_rounds)):
         if value < 1:
             raise UsageError(f"{flag} must be >= 1, got {value}")
+    if args.runner is not None:
+        check_cpu_runner(args)
     if args.hide_avx512:
         hide_avx512_in_children(args.llama_cpp)
     workdir = Workdir(args.workdir)
@@ -1347,7 +1417,11 @@ def run(args) -> int:
         prompts = args.executorch_prompts if system == "executorch" else args.prompts
         log(f"{system}: timing prompts {', '.join(map(str, prompts))} and {args.decode_steps} decode steps")
         plan = Plan(tuple(prompts), args.decode_steps, vocab_size, args.seed, args.threads)
-        results[system] = {**measure_in_child(system, artifacts[system], plan), "measured_at": stamp}
+        if args.runner is not None and system in OURS:
+            measured = measure_in_runner(args.runner, artifacts[system], workdir.tokenizer, plan)
+        else:
+            measured = measure_in_child(system, artifacts[system], plan)
+        results[system] = {**measured, "measured_at": stamp}
         write_json(workdir.results_path, results)
     if args.llama_cpp is not None:
         workdir.ensure_gguf(args.llama_cpp, args.threads)
@@ -1372,7 +1446,7 @@ def run(args) -> int:
         results["llama_alternated"] = {
             "systems": alternated_with_llama({s: artifacts[s] for s in ours_side},
                                              {s: workdir.gguf[s] for s in llama_side}, args.llama_cpp, plan,
-                                             args.llama_rounds),
+                                             args.llama_rounds, args.runner, workdir.tokenizer),
             "rounds": args.llama_rounds, "tokens": args.decode_steps, "depth": args.prompts[0],
             "measured_at": time.strftime("%Y-%m-%d %H:%M"),
         }

@@ -45,12 +45,10 @@ call is limited to 10 minutes and an export can take longer, so
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.util
 import inspect
 import json
 import statistics
-import subprocess
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -58,6 +56,7 @@ from pathlib import Path
 from typing import Optional
 
 from gdn_bench import UsageError, e2e
+from gdn_bench.runner_timing import prompt_digest, run_runner, runner_command, summarize
 
 # What it times: ours, ours with decode replayed as a CUDA graph (the same program, the runner's --cuda-graph;
 # timed at the first prompt length only, since prefill does not change), and transformers + fla-core
@@ -71,7 +70,7 @@ SYSTEM_LABELS = {
 }
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Options of --device cuda alone (dest: flag); None or False in the parser, so that a CPU run can refuse them.
-CUDA_ONLY = {"shapes": "--shapes", "prefill_chunk": "--prefill-chunk", "runs": "--runs", "runner": "--runner",
+CUDA_ONLY = {"shapes": "--shapes", "prefill_chunk": "--prefill-chunk", "runs": "--runs",
              "backend_lib": "--backend-lib", "time_only": "--time-only"}
 CUDA_DEFAULTS = {"shapes": tuple(e2e.SHAPES), "prefill_chunk": 2048, "runs": 3}
 # Options of the CPU benchmark alone (dest: flag): given with --device cuda, a usage error.
@@ -86,7 +85,6 @@ PREFILL_FLOORS = {2048: 1.5, 8192: 1.5}
 DTYPE = "bf16"
 BYTES_PER_WEIGHT = 2  # bf16; the recurrent states stay fp32
 COPY_BYTES = 4 << 30  # a copy of 4 GiB lasts milliseconds on an H100, so timer overhead is below 1%
-RUNNER_TIMEOUT_S = 1800  # a hung runner must not hold the device call; a healthy one takes seconds to a minute
 CUDA_DATA_FILE = "aoti_cuda_blob.ptd"
 
 
@@ -113,9 +111,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=int, default=None,
                         help=f"--device cuda: timed runs of each prompt after one untimed run; medians "
                              f"(default {CUDA_DEFAULTS['runs']})")
-    parser.add_argument("--runner", type=Path, default=None,
-                        help="--device cuda: the C++ runner (default build/cpp_runner/gdn_cpp_runner; "
-                             "python -m examples.cpp_runner.build)")
     parser.add_argument("--backend-lib", type=Path, default=None,
                         help="--device cuda: ExecuTorch's CUDA runtime library for the runner (default "
                              "$GDN_CUDA_RUNTIME_LIB or build/cuda_runtime/libgdn_executorch_cuda.so; "
@@ -302,55 +297,6 @@ def program_sizes(layout: Layout) -> dict:
 # Timing: one protocol, in the C++ runner for ours and in Python for transformers.
 
 
-def prompt_digest(ids: list) -> str:
-    """A short fingerprint of a prompt's ids: first tokens are compared only between runs of the same prompt."""
-    return hashlib.sha256(" ".join(map(str, ids)).encode()).hexdigest()[:16]
-
-
-def runner_command(runner: Path, program: Path, tokenizer: Path, *, prompt_tokens: int, new_tokens: int,
-                   prefill_chunk: int, runs: int, seed: int, data: Optional[Path] = None,
-                   backend_lib: Optional[Path] = None, cuda_graph: bool = False) -> list:
-    """The C++ runner, greedy from a random prompt (drawn from ``seed``) for exactly ``new_tokens``, ``runs``
-    times in one process, with its timings and token ids on stderr."""
-    command = [str(runner), "--model", str(program), "--tokenizer", str(tokenizer),
-               "--random-prompt-tokens", str(prompt_tokens), "--seed", str(seed), "--max-new-tokens", str(new_tokens),
-               "--ignore-eos", "--temperature", "0", "--prefill-chunk", str(prefill_chunk), "--runs", str(runs),
-               "--timings-json", "--print-token-ids"]
-    if data is not None:
-        command += ["--data", str(data)]
-    if backend_lib is not None:
-        command += ["--backend-lib", str(backend_lib)]
-    if cuda_graph:
-        command.append("--cuda-graph")
-    return command
-
-
-def parse_runner_output(stderr: str) -> list:
-    """Each run's ``timings:`` line (``--timings-json``) with the prompt and generated ids printed after it
-    (``--print-token-ids``), in the order of the runs."""
-    runs = []
-    for line in stderr.splitlines():
-        if line.startswith("timings: "):
-            runs.append(json.loads(line[len("timings: "):]))
-        elif runs and line.startswith(("prompt token ids:", "generated token ids:")):
-            label, _, ids = line.partition(":")
-            runs[-1]["prompt_ids" if label.startswith("prompt") else "generated_ids"] = [int(i) for i in ids.split()]
-    return runs
-
-
-def run_runner(command: list, expected_runs: int) -> list:
-    """Run the C++ runner; its runs, each checked to be whole (timings and both id lists)."""
-    done = subprocess.run(command, capture_output=True, text=True, timeout=RUNNER_TIMEOUT_S)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    runs = parse_runner_output(done.stderr)
-    whole = [run for run in runs if "prompt_ids" in run and "generated_ids" in run]
-    if len(whole) != expected_runs or len(runs) != expected_runs:
-        raise RuntimeError(f"{' '.join(command)}: expected {expected_runs} runs with timings and token ids, "
-                           f"read {len(whole)} of {len(runs)}:\n{done.stderr[-3000:]}")
-    return runs
-
-
 def time_generation(session, prompt_ids: list, new_tokens: int) -> dict:
     """One run of the C++ runner's protocol over a reset/feed session (``e2e.HFSession``): the prompt in one
     feed (timed), then greedy tokens, each but the last fed back one at a time (timed together)."""
@@ -369,17 +315,6 @@ def time_generation(session, prompt_ids: list, new_tokens: int) -> dict:
             "generated_tokens": len(generated), "decode_steps": len(generated) - 1,
             "decode_seconds": decode_seconds, "prompt_ids": list(prompt_ids), "generated_ids": generated,
             "finite": bool(logits.float().isfinite().all())}
-
-
-def summarize(runs: list) -> dict:
-    """Medians over the timed runs: all but the first, which pays for first calls (kernel loading, allocation)."""
-    timed = runs[1:] or runs
-    prefill_seconds = statistics.median(run["prefill_seconds"] for run in timed)
-    summary = {"prompt_tokens": timed[0]["prompt_tokens"], "prefill_seconds": prefill_seconds,
-               "prefill_tok_s": timed[0]["prompt_tokens"] / prefill_seconds}
-    if timed[0]["decode_steps"]:
-        summary["decode_tok_s"] = statistics.median(run["decode_steps"] / run["decode_seconds"] for run in timed)
-    return summary
 
 
 def system_entry(measured: list) -> dict:

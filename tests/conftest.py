@@ -92,6 +92,28 @@ def moe_checkpoint(tmp_path_factory, module_seed):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("moe"), moe=True, wrapper=True, seed=module_seed)
 
 
+# The C++ runner and a CPU program it runs, for the benchmarks' runner protocol (test_bench_e2e*.py).
+@pytest.fixture(scope="module")
+def cpu_program(tmp_path_factory, module_seed):
+    """test_cpp_runner's stateful LLM program (XNNPACK, CPU) and its tokenizer: the runner's protocol without a GPU."""
+    from tests import test_cpp_runner as cpp
+
+    tokenizer_path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
+    tokenizer = cpp.save_tokenizer(cpp.train_tokenizer("qwen35"), tokenizer_path)
+    program = cpp.make_llm_program(tmp_path_factory, tokenizer, module_seed, int8_embedding=False)[0]
+    return program, tokenizer_path
+
+
+@pytest.fixture(scope="session")
+def runner():
+    from examples.cpp_runner import build as cpp_runner
+
+    try:
+        return cpp_runner.build()
+    except cpp_runner.BuildError as error:
+        pytest.fail(f"the C++ runner must build here: {error}")
+
+
 @pytest.fixture(scope="session")
 def x86_64_v3_library(tmp_path_factory):
     """``python -m runtime_ops.build --march x86-64-v3``'s ExecuTorch library (an AVX2-only x86 CPU's loops),

@@ -156,3 +156,42 @@ def test_kl_is_zero_for_the_fp32_program_and_positive_for_4_bits(tmp_path, seed)
     # The mean over llama-perplexity's positions (the second half but the last) is a mean of the same divergences.
     assert scores["ours"]["mean_kl_llama_positions"] < 1e-6
     assert 1e-5 < scores["ours_8da4w"]["mean_kl_llama_positions"] < 0.5
+
+
+def test_the_cpu_bench_times_our_programs_in_the_runner_by_the_python_protocol(runner, cpu_program, seed,
+                                                                                 monkeypatch):
+    """--runner: each prompt length in a runner process of two runs, the second timed, the first length followed by
+    the decode steps; an alternated turn one run. What the bench reports is what the runner's runs measured, and the
+    runs generate what ExecuTorch's Python runtime does on the same program."""
+    from gdn_bench import runner_timing
+    from tests.test_cpp_runner import executorch_greedy
+
+    program, tokenizer = cpu_program
+    calls = []
+    run_runner = runner_timing.run_runner
+
+    def recorded(command, expected_runs):
+        runs = run_runner(command, expected_runs)
+        calls.append((command, runs))
+        return runs
+
+    monkeypatch.setattr(runner_timing, "run_runner", recorded)
+    plan = e2e.Plan(prompts=(5 + seed % 4, 10), decode_steps=3, vocab_size=0, seed=seed, threads=1)
+    entry = e2e.measure_in_runner(runner, program, tokenizer, plan)
+    assert [len(runs) for _, runs in calls] == [2, 2]
+    for (command, (untimed, timed)), length in zip(calls, plan.prompts):
+        assert command[command.index("--threads") + 1] == "1" and untimed["prompt_ids"] == timed["prompt_ids"]
+        assert len(timed["prompt_ids"]) == length
+        assert entry["prefill_tok_s"][str(length)] == length / timed["prefill_seconds"], (entry, timed)
+        expected = executorch_greedy(program, timed["prompt_ids"], eos_ids=set())
+        assert timed["generated_ids"] == expected[:len(timed["generated_ids"])], f"seed {seed}: {timed} vs {expected}"
+    first = calls[0][1][1]
+    assert first["decode_steps"] == 3 and calls[1][1][1]["decode_steps"] == 0
+    assert entry["decode_tok_s"] == 1 / first["decode_median_step_seconds"]
+    assert (entry["runner"], entry["threads"], entry["load_seconds"]) == (str(runner), 1, calls[0][1][0]["load_seconds"])
+
+    rate = e2e.runner_turn(runner, program, tokenizer, plan)
+    command, (turn,) = calls[-1]
+    assert turn["decode_steps"] == 3 and rate == 3 / turn["decode_seconds"]
+    assert turn["prompt_ids"] == first["prompt_ids"] and turn["generated_ids"] == first["generated_ids"]
+

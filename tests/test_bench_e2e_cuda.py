@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gdn_bench import cli, e2e, e2e_cli, e2e_cuda
+from gdn_bench import cli, e2e, e2e_cli, e2e_cuda, runner_timing
 from tests.triton_interpreter import REPO_ROOT
 
 
@@ -46,6 +46,13 @@ def bench_error(capsys, *arguments) -> str:
      "--prefill-chunk 161 exceeds the program's context of 160 tokens"),
     (["--device", "cuda", "--build-only", "--time-only"], "--build-only and --time-only exclude each other"),
     (["--device", "cuda", "--plot", "plot.svg"], "--plot must name a .png file, got plot.svg"),
+    # --runner with --device cpu: our programs in the C++ runner, so nothing that needs them in Python.
+    (["--runner", "no_runner", "--interleave", ""], "--runner no_runner: not an executable file"),
+    (["--runner", sys.executable, "--interleave", "", "--hide-avx512"],
+     "--runner: --hide-avx512 hides AVX-512 from programs in ExecuTorch's Python runtime only"),
+    (["--runner", sys.executable, "--interleave", "", "--prompt-cache"],
+     "--runner: --prompt-cache times the Python runner's state files, not the C++ runner"),
+    (["--runner", sys.executable], "--runner: --interleave loads our programs in ExecuTorch's Python runtime"),
     (["--device", "cuda"], "--device cuda: this machine has no CUDA device (torch.cuda.is_available() is False)"),
 ])
 def test_bad_options_are_one_line_naming_the_option_before_anything_is_written(arguments, message, tmp_path, capsys,
@@ -203,27 +210,6 @@ def test_decode_state_bytes_are_our_programs_cache_and_state_buffers(tmp_path, s
 # The timing protocol.
 
 
-@pytest.fixture(scope="module")
-def cpu_program(tmp_path_factory, module_seed):
-    """test_cpp_runner's stateful LLM program (XNNPACK, CPU) and its tokenizer: the runner's protocol without a GPU."""
-    from tests import test_cpp_runner as cpp
-
-    tokenizer_path = tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"
-    tokenizer = cpp.save_tokenizer(cpp.train_tokenizer("qwen35"), tokenizer_path)
-    program = cpp.make_llm_program(tmp_path_factory, tokenizer, module_seed, int8_embedding=False)[0]
-    return program, tokenizer_path
-
-
-@pytest.fixture(scope="module")
-def runner():
-    from examples.cpp_runner import build as cpp_runner
-
-    try:
-        return cpp_runner.build()
-    except cpp_runner.BuildError as error:
-        pytest.fail(f"the C++ runner must build here: {error}")
-
-
 # cuda_graph: ours_graph's command (--cuda-graph), which a program without CudaBackend runs unchanged.
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_the_runners_timings_and_tokens_of_a_real_cpu_run(runner, cpu_program, seed, cuda_graph):
@@ -231,10 +217,11 @@ def test_the_runners_timings_and_tokens_of_a_real_cpu_run(runner, cpu_program, s
 
     program, tokenizer = cpu_program
     length, runs, chunk = 6 + seed % 5, 3, 3
-    command = e2e_cuda.runner_command(runner, program, tokenizer, prompt_tokens=length, new_tokens=MAX_NEW_TOKENS,
-                                      prefill_chunk=chunk, runs=runs, seed=seed, cuda_graph=cuda_graph)
+    command = runner_timing.runner_command(runner, program, tokenizer, prompt_tokens=length,
+                                           new_tokens=MAX_NEW_TOKENS, prefill_chunk=chunk, runs=runs, seed=seed,
+                                           cuda_graph=cuda_graph)
     assert ("--cuda-graph" in command) == cuda_graph
-    measured = e2e_cuda.run_runner(command, runs)
+    measured = runner_timing.run_runner(command, runs)
     prompt = measured[0]["prompt_ids"]
     assert len(prompt) == length and all(run["prompt_ids"] == prompt for run in measured), measured
     expected = executorch_greedy(program, prompt, eos_ids=set())  # ExecuTorch's Python runtime, same program
@@ -248,13 +235,13 @@ def test_the_runners_timings_and_tokens_of_a_real_cpu_run(runner, cpu_program, s
     assert entry["prefill_tok_s"] == {str(length): length / statistics.median(r["prefill_seconds"] for r in timed)}
     assert entry["decode_tok_s"] == statistics.median(r["decode_steps"] / r["decode_seconds"] for r in timed)
     assert entry["first_token"] == {str(length): expected[0]} and entry["runs_agree"]
-    assert entry["prompt_digest"] == {str(length): e2e_cuda.prompt_digest(prompt)}
+    assert entry["prompt_digest"] == {str(length): runner_timing.prompt_digest(prompt)}
     assert (entry["decode_prompt"], entry["decode_steps"]) == (length, MAX_NEW_TOKENS - 1)
 
     with pytest.raises(RuntimeError, match="expected 4 runs with timings and token ids, read 3 of 3"):
-        e2e_cuda.run_runner(command, runs + 1)
+        runner_timing.run_runner(command, runs + 1)
     with pytest.raises(RuntimeError, match="--runs must be at least 1"):
-        e2e_cuda.run_runner([str(part) for part in command] + ["--runs", "0"], runs)
+        runner_timing.run_runner([str(part) for part in command] + ["--runs", "0"], runs)
 
 
 def test_time_generation_on_transformers_follows_the_runners_protocol(tmp_path, seed):
@@ -282,7 +269,7 @@ def test_time_generation_on_transformers_follows_the_runners_protocol(tmp_path, 
         assert run["prefill_seconds"] > 0 and run["decode_seconds"] > 0 and run["finite"]
     prefill_only = e2e_cuda.time_generation(session, prompt, 1)
     assert prefill_only["generated_ids"] == reference[:1] and prefill_only["decode_seconds"] == 0
-    assert "decode_tok_s" not in e2e_cuda.summarize([prefill_only, prefill_only])
+    assert "decode_tok_s" not in runner_timing.summarize([prefill_only, prefill_only])
 
 
 KERNEL_REPORT = ("import json; from gdn_bench import e2e_cuda; kernels = e2e_cuda.transformers_gdn_kernels(); "

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import subprocess
@@ -440,7 +441,32 @@ def test_runner_runs_repeat_the_generation_from_position_zero_with_a_timings_lin
         assert abs(1e3 * entry["prefill_seconds"] - float(prefill_ms)) <= 0.05 + 1e-9, (entry, prefill_ms)
         assert abs(1e3 * entry["decode_seconds"] - float(decode_ms)) <= 0.05 + 1e-9, (entry, decode_ms)
         assert entry["prefill_seconds"] > 0 and entry["decode_seconds"] > 0 and entry["load_seconds"] > 0
+        # The median step: at least half the steps (rounded up) last as long, and all of them add up to the sum.
+        steps = entry["decode_steps"]
+        assert 0 < math.ceil(steps / 2) * entry["decode_median_step_seconds"] <= entry["decode_seconds"], entry
     assert len({t["load_seconds"] for t in timings}) == 1  # one load, before the runs
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_runner_threads_resize_executorchs_pool_and_keep_the_tokens(runner_binary, llm_program, qwen_tokenizer_path,
+                                                                   seed, threads):
+    path, prompt_ids, _, _ = llm_program
+    result = run_binary([runner_binary, "--model", path, "--tokenizer", qwen_tokenizer_path, "--prompt", PROMPT,
+                         "--max-new-tokens", 2, "--ignore-eos", "--temperature", "0", "--threads", threads,
+                         "--timings-json", "--print-token-ids", "--verbose"])
+    assert result.returncode == 0, f"seed {seed}: {result.stderr}"
+    assert f"Resetting threadpool to {threads} threads." in result.stderr, result.stderr  # ExecuTorch's own log line
+    expected = executorch_greedy(path, prompt_ids, eos_ids=set())[:2]
+    generated = [[int(t) for t in line.split(":")[1].split()] for line in result.stderr.splitlines()
+                 if line.startswith("generated token ids:")]
+    assert generated == [expected], f"seed {seed}: {generated} vs {expected}"
+    (entry,) = timings_lines(result.stderr)
+    assert entry["decode_steps"] == 1 and entry["decode_median_step_seconds"] == entry["decode_seconds"] > 0, entry
+    for bad in ("0", "1025", "two"):
+        refused = run_binary([runner_binary, "--model", path, "--tokenizer", qwen_tokenizer_path, "--prompt", "hi",
+                              "--threads", bad])
+        message = f"--threads {bad}: not a number" if bad == "two" else f"--threads must be from 1 to 1024, got {bad}"
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr
 
 
 def test_runner_prints_no_timings_line_unless_asked(runner_binary, llm_program, qwen_tokenizer_path):

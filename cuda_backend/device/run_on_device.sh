@@ -52,6 +52,9 @@
 #                CUDA_BENCH_TIME_S (default 300) seconds of the call left
 #            CUDA_BENCH_ARGS adds gdn-bench e2e options to both (the same in each call: the program's folder is
 #            named after --prompts, --decode-steps and --prefill-chunk)
+#   cpu-bench: gdn-bench e2e on this machine's CPU (issue 20's floors with AVX-512), 2 cores: our programs in the
+#            C++ runner against llama.cpp, both built here (CPU_BENCH_MODE build, then time; see the step below).
+#            Carry .gdn-carry too (the llama.cpp source tarball): carry=[".whl", ".gdn-carry"]
 # WHEELS names the wheel folder (default .whl).
 set -uo pipefail
 OUT=${OUT:-build/cuda_device}
@@ -77,6 +80,28 @@ build_runtime_and_runner() {
 # Exports run side by side (cpp-e2e's models, cuda-bench's shapes) each get Inductor and Triton cache folders
 # of their own: sharing one, two of three tiny-model exports once failed to link, a Triton kernel's object
 # file listed twice ("multiple definition of __decode_linear_kernel_8_start"); each exported alone.
+# A build that outlives its call (cuda-bench's, cpu-bench's): a session of its own, so it is not killed when the call
+# returns, recorded in its folder: build.pid while it runs, then build.status (its exit status); output in build.log.
+building() { [ -f "$1/build.pid" ] && kill -0 "$(cat "$1/build.pid")" 2>/dev/null; }
+start_build() {  # DIR SCRIPT [ARGS...]: bash -c SCRIPT, given DIR and ARGS as $1, $2...
+  local dir=$1 script=$2
+  shift 2
+  rm -f "$dir/build.status"
+  # The pid file goes last: a pid reused later must not look like this build.
+  setsid bash -c 'echo $$ > "$1/build.pid"
+    ( '"$script"'
+    ) > "$1/build.log" 2>&1
+    echo $? > "$1/build.status"; rm -f "$1/build.pid"' bash "$dir" "$@" < /dev/null &
+}
+await_build() {  # DIR UNTIL: waits until $SECONDS reaches UNTIL; 0: built, 1: it failed or was killed, 2: still running
+  while [ ! -f "$1/build.status" ] && [ "$SECONDS" -lt "$2" ]; do
+    sleep 5
+    # Gone without a status (5 s is long enough for a started build to record its pid): killed.
+    if ! building "$1" && [ ! -f "$1/build.status" ]; then rm -f "$1/build.pid"; return 1; fi
+  done
+  [ -f "$1/build.status" ] || return 2
+  [ "$(cat "$1/build.status")" = 0 ]
+}
 status=0
 steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(tests aoti bench)
@@ -198,15 +223,11 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
         *) echo "cuda-bench: CUDA_BENCH_MODE must be build, time or build-time, got $mode"; status=1; continue ;;
       esac
       mkdir -p "$bench_dir"
-      building() { [ -f "$bench_dir/build.pid" ] && kill -0 "$(cat "$bench_dir/build.pid")" 2>/dev/null; }
       if [ "$mode" != time ]; then
-        if building; then
+        if building "$bench_dir"; then
           echo "cuda-bench: joining the build in progress (pid $(cat "$bench_dir/build.pid"))"
         else
-          rm -f "$bench_dir/build.status"
-          # setsid: its own session, so it is not killed when the call returns. It records its pid, then its
-          # exit status, and removes the pid file (a pid reused later must not look like this build).
-          setsid bash -c 'echo $$ > "$1/build.pid"
+          start_build "$bench_dir" '
             build_shapes() {
               local pids=() shape rc=0
               for shape in ${2//,/ }; do
@@ -219,22 +240,13 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
               for shape in ${2//,/ }; do echo "== $shape"; cat "$1/build_$shape.log"; done
               return $rc
             }
-            { python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
+            python3 -m cuda_backend.executorch_runtime build ${EXECUTORCH_SRC:+--executorch-src "$EXECUTORCH_SRC"} \
               && { [ -x build/cpp_runner/gdn_cpp_runner ] || python3 -m examples.cpp_runner.build; } \
-              && build_shapes "$1" "$2" "$3"
-            } > "$1/build.log" 2>&1
-            echo $? > "$1/build.status"; rm -f "$1/build.pid"' bash "$bench_dir" "$shapes" "${CUDA_BENCH_ARGS:-}" \
-            < /dev/null &
+              && build_shapes "$1" "$2" "$3"' "$shapes" "${CUDA_BENCH_ARGS:-}"
           echo "cuda-bench: building $shapes (log $bench_dir/build.log)"
         fi
-        wait_until=$((SECONDS + ${CUDA_BENCH_WAIT_S:-$((560 - SECONDS))}))
-        seen_pid=0 died=0
-        while [ ! -f "$bench_dir/build.status" ] && [ "$SECONDS" -lt "$wait_until" ]; do
-          sleep 5
-          building && seen_pid=1
-          # It ran and is gone without a status: killed.
-          [ $seen_pid = 1 ] && ! building && [ ! -f "$bench_dir/build.status" ] && { died=1; break; }
-        done
+        await_build "$bench_dir" $((SECONDS + ${CUDA_BENCH_WAIT_S:-$((560 - SECONDS))}))
+        built=$?
         grep -v "^W1\|Warning\|triton_\|AUTOTUNE\|strides:\|dtypes:\|Autotune\|best_kernel" "$bench_dir/build.log" | tail -25
         if [ ! -f "$bench_dir/build.status" ]; then  # the shapes' own logs while they build
           for shape in ${shapes//,/ }; do
@@ -252,23 +264,21 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
             [ -f "$log" ] && tail -c 200000 "$log" > "$OUT/${shape}_$(basename "$(dirname "$log")")_$(basename "$log")"
           done
         done
-        if [ -f "$bench_dir/build.status" ]; then
-          echo "cuda-bench: the build exited with $(cat "$bench_dir/build.status"), $SECONDS s into this call"
-          [ "$(cat "$bench_dir/build.status")" = 0 ] || { status=1; continue; }
-        elif [ $died = 1 ]; then
-          echo "cuda-bench: the build was killed before it finished (its log is above)"
-          rm -f "$bench_dir/build.pid"; status=1; continue
-        else
+        if [ $built = 2 ]; then
           echo "cuda-bench: still building $SECONDS s into this call; call cuda-bench again at once to wait on"
           continue
+        elif [ ! -f "$bench_dir/build.status" ]; then
+          echo "cuda-bench: the build was killed before it finished (its log is above)"; status=1; continue
         fi
+        echo "cuda-bench: the build exited with $(cat "$bench_dir/build.status"), $SECONDS s into this call"
+        [ $built = 0 ] || { status=1; continue; }
         if [ "$mode" = build ]; then continue; fi
         if [ $((590 - SECONDS)) -lt "${CUDA_BENCH_TIME_S:-300}" ]; then
           echo "cuda-bench: built, too little of this call left to time; call CUDA_BENCH_MODE=time at once"
           continue
         fi
       fi
-      if building; then
+      if building "$bench_dir"; then
         echo "cuda-bench: a build is still running (pid $(cat "$bench_dir/build.pid"));" \
              "CUDA_BENCH_MODE=build waits for it"
         status=1; continue
@@ -279,6 +289,67 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
           --shapes "$shapes" --time-only --markdown "$OUT/cuda_e2e.md" "${plot[@]}" ${CUDA_BENCH_ARGS:-} 2>&1 \
           | grep -v "^W1\|Warning" | tee "$OUT/cuda_bench.log" || status=1
       cp "$bench_dir/results.json" "$OUT/" 2>/dev/null ;;
+    cpu-bench)
+      # Issue 20's CPU floors on an AVX-512 machine: this machine's CPU, with our programs and llama.cpp held to the
+      # cores of CPU_BENCH_CPUS (default 0,1) and 2 threads, as on the 2-core hosts the floors were set on. Our
+      # programs run in the C++ runner (gdn-bench e2e --runner): the wheel's Python runtime, built for torch 2.13,
+      # fails beside this machine's torch 2.11. llama.cpp is built here natively from the source tarball
+      # LLAMA_CPP_SRC (default .gdn-carry/llama.cpp-src.tar.xz, carried; gdn_bench/README.md says how to make it),
+      # and so are runtime_ops and the runner, in CPU_BENCH_WORKDIR (default build/e2e_cpu). CPU_BENCH_MODE:
+      #   build (default): llama.cpp, runtime_ops and the runner, then gdn-bench e2e --build-only (checkpoint,
+      #     programs, GGUFs) on every core, in a build that outlives the call (start_build), waited for until 560 s
+      #     into the call; a later build call waits for the same build again
+      #   time: gdn-bench e2e on what was built: $OUT/cpu_e2e.md, cpu_bench.log, results.json
+      # CPU_BENCH_ONLY names our programs (default ours,ours_8da4w,ours_8da4w_avx2,ours_16da8w); CPU_BENCH_ARGS
+      # replaces the timing's options (default: prompts of 128, 512 and 2048 tokens, decode also alternated in 6
+      # rounds, llama-bench's tests repeated twice: all four programs in one call).
+      bench_dir=${CPU_BENCH_WORKDIR:-build/e2e_cpu}
+      only=${CPU_BENCH_ONLY:-ours,ours_8da4w,ours_8da4w_avx2,ours_16da8w}
+      mkdir -p "$bench_dir"
+      lscpu > "$OUT/lscpu.txt"
+      grep -o "avx512[a-z_]*" "$OUT/lscpu.txt" | sort -u | tr "\n" " "; grep "^Model name" "$OUT/lscpu.txt"
+      case "${CPU_BENCH_MODE:-build}" in
+        build)
+          if building "$bench_dir"; then
+            echo "cpu-bench: joining the build in progress (pid $(cat "$bench_dir/build.pid"))"
+          else
+            start_build "$bench_dir" '
+              if [ ! -x build/llama.cpp/build/bin/llama-bench ]; then
+                rm -rf build/llama.cpp && mkdir -p build/llama.cpp && tar xJf "$2" -C build/llama.cpp \
+                  && cmake -S build/llama.cpp -B build/llama.cpp/build -DGGML_NATIVE=ON -DCMAKE_BUILD_TYPE=Release \
+                       -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+                  && cmake --build build/llama.cpp/build -j --target llama-bench llama-quantize llama-perplexity &
+                llama=$!
+              fi
+              python3 -m runtime_ops.build && python3 -m examples.cpp_runner.build && { [ -z "$llama" ] || wait $llama; } \
+                && python3 -m gdn_bench.cli e2e --workdir "$1" --only "$3" --llama-cpp build/llama.cpp --build-only' \
+              "${LLAMA_CPP_SRC:-.gdn-carry/llama.cpp-src.tar.xz}" "$only"
+            echo "cpu-bench: building (log $bench_dir/build.log)"
+          fi
+          await_build "$bench_dir" 560
+          built=$?
+          grep -v "^W1\|Warning\|^ *warnings.warn\|^ *return cls" "$bench_dir/build.log" | tail -25
+          cp "$bench_dir/build.log" "$OUT/cpu_bench_build.log"
+          case $built in
+            0) echo "cpu-bench: built, $SECONDS s into this call; CPU_BENCH_MODE=time times it" ;;
+            2) echo "cpu-bench: still building $SECONDS s into this call; call cpu-bench again at once to wait on" ;;
+            *) echo "cpu-bench: the build failed or was killed"; status=1 ;;
+          esac ;;
+        time)
+          if building "$bench_dir" || [ "$(cat "$bench_dir/build.status" 2>/dev/null)" != 0 ]; then
+            echo "cpu-bench: nothing built to time (or a build still runs); CPU_BENCH_MODE=build first"; status=1; continue
+          fi
+          options=(--prompts 128,512,2048 --interleave "" --llama-repetitions 2 --llama-rounds 6)
+          [ -n "${CPU_BENCH_ARGS:-}" ] && read -r -a options <<< "$CPU_BENCH_ARGS"
+          # Stopped before the call's limit, so the files below still come back.
+          timeout --signal=INT $((590 - SECONDS)) taskset -c "${CPU_BENCH_CPUS:-0,1}" python3 -m gdn_bench.cli e2e \
+              --workdir "$bench_dir" --only "$only" --llama-cpp build/llama.cpp --threads 2 \
+              --runner build/cpp_runner/gdn_cpp_runner \
+              --markdown "$OUT/cpu_e2e.md" "${options[@]}" 2>&1 | grep -v "^W1\|Warning" | tee "$OUT/cpu_bench.log" \
+              || status=1
+          cp "$bench_dir/results.json" "$OUT/" 2>/dev/null ;;
+        *) echo "cpu-bench: CPU_BENCH_MODE must be build or time, got ${CPU_BENCH_MODE}"; status=1 ;;
+      esac ;;
     bench)
       python3 -m gdn_bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
           --plot "$OUT/cuda_bench.png" ${BENCH_ARGS:-} 2>"$OUT/bench.err" | tee "$OUT/bench.log" || status=1 ;;

@@ -4,7 +4,7 @@
 //                  [--max-new-tokens N] [--temperature T] [--seed S]
 //                  [--data weights.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]
 //                  [--prefill-chunk N] [--random-prompt-tokens N] [--ignore-eos]
-//                  [--runs N] [--timings-json] [--cuda-graph]
+//                  [--runs N] [--timings-json] [--cuda-graph] [--threads N]
 //
 // The program's "forward(tokens int64 [1, T], input_pos int64 [1])" returns
 // logits [1, T or 1, vocab] and keeps its caches and recurrent states in
@@ -22,6 +22,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -50,6 +51,16 @@
 
 #include "bpe_tokenizer.h"
 #include "unicode.h"
+
+// The executorch wheel ships the thread pool's library (libexecutorch_threadpool, among EXECUTORCH_LIBRARIES) but not
+// its header, extension/threadpool/threadpool.h: these are the two of its functions that --threads calls.
+namespace executorch::extension::threadpool {
+class ThreadPool {
+ public:
+  bool _unsafe_reset_threadpool(uint32_t new_thread_count);
+};
+ThreadPool* get_threadpool();
+}  // namespace executorch::extension::threadpool
 
 namespace {
 
@@ -82,14 +93,16 @@ constexpr const char* kUsage =
     "                      [--max-new-tokens N (128)] [--temperature T (0: greedy)] [--seed S]\n"
     "                      [--data WEIGHTS.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]\n"
     "                      [--prefill-chunk N (the program's largest)] [--random-prompt-tokens N] [--ignore-eos]\n"
-    "                      [--runs N (1)] [--timings-json] [--cuda-graph]\n"
+    "                      [--runs N (1)] [--timings-json] [--cuda-graph] [--threads N]\n"
     "  --prefill-chunk N: feed the prompt N tokens per call at most (1: the decode method only)\n"
     "  --random-prompt-tokens N: a prompt of N token ids drawn from --seed instead of --prompt (benchmarks)\n"
     "  --ignore-eos: generate --max-new-tokens whatever the program's EOS ids (benchmarks)\n"
     "  --runs N: generate N times from position 0 with the same prompt, each run timed (benchmarks)\n"
     "  --timings-json: also one 'timings: {...}' JSON line per run on stderr, seconds unrounded\n"
     "  --cuda-graph: CudaBackend captures the decode method as a CUDA graph after its first steps and\n"
-    "                replays it (one launch per token; other delegates ignore it)\n";
+    "                replays it (one launch per token; other delegates ignore it)\n"
+    "  --threads N: ExecuTorch's thread pool (XNNPACK's and the gdn kernels' threads) holds N threads\n"
+    "               (default: ExecuTorch's choice, one per performance core of the machine)\n";
 
 struct Options {
   std::string model_path;
@@ -108,6 +121,7 @@ struct Options {
   int64_t runs = 1;
   bool timings_json = false;
   bool cuda_graph = false;
+  std::optional<int64_t> threads;
 };
 
 bool is_file(const std::string& path) {
@@ -181,6 +195,8 @@ Options parse_options(int argc, char** argv) {
       options.prefill_chunk = parse_number<int64_t>(name, value);
     } else if (name == "--runs") {
       options.runs = parse_number<int64_t>(name, value);
+    } else if (name == "--threads") {
+      options.threads = parse_number<int64_t>(name, value);
     } else if (name == "--random-prompt-tokens") {
       options.random_prompt_tokens = parse_number<int64_t>(name, value);
       have_prompt = true;
@@ -196,6 +212,9 @@ Options parse_options(int argc, char** argv) {
   }
   if (options.runs < 1) {
     throw UsageError("--runs must be at least 1, got " + std::to_string(options.runs));
+  }
+  if (options.threads && (*options.threads < 1 || *options.threads > 1024)) {
+    throw UsageError("--threads must be from 1 to 1024, got " + std::to_string(*options.threads));
   }
   if (options.prefill_chunk && *options.prefill_chunk < 1) {
     throw UsageError("--prefill-chunk must be at least 1, got " + std::to_string(*options.prefill_chunk));
@@ -537,8 +556,20 @@ void print_ids(const char* label, const std::vector<int64_t>& ids) {
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
+// ExecuTorch's thread pool resized to `threads`. Before any program loads: XNNPACK's delegate keeps the pool's
+// pthreadpool from when it initializes, and resizing replaces that.
+void use_threads(int64_t threads) {
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  if (pool == nullptr || !pool->_unsafe_reset_threadpool(static_cast<uint32_t>(threads))) {
+    throw ProgramError("--threads " + std::to_string(threads) + ": ExecuTorch's thread pool could not be resized");
+  }
+}
+
 int run(const Options& options) {
   auto started = std::chrono::steady_clock::now();
+  if (options.threads) {
+    use_threads(*options.threads);
+  }
   if (!options.backend_lib.empty()) {
     load_backend_library(options.backend_lib);
   }
@@ -581,6 +612,7 @@ int run(const Options& options) {
     std::vector<int64_t> generated;
     gdn_runner::Utf8Stream text;
     double decode_seconds = 0.0;
+    std::vector<double> step_seconds;  // each decode step's, for the median in --timings-json
     while (true) {
       const int64_t token = sample(logits, options.temperature, generator);
       generated.push_back(token);
@@ -593,7 +625,8 @@ int run(const Options& options) {
       }
       started = std::chrono::steady_clock::now();
       logits = program.feed({token});
-      decode_seconds += seconds_since(started);
+      step_seconds.push_back(seconds_since(started));
+      decode_seconds += step_seconds.back();
     }
     std::cout << text.finish() << std::endl;
 
@@ -606,12 +639,20 @@ int run(const Options& options) {
       // The lines above round to 0.1 ms, too coarse for a short prefill on a GPU; a benchmark reads this one.
       const int64_t prefill_calls = (static_cast<int64_t>(prompt_ids.size()) + program.max_chunk() - 1) /
                                     program.max_chunk();
+      // The median step (0 without steps) is the measure of a step that a preempted one cannot move.
+      double median_step_seconds = 0.0;
+      if (!step_seconds.empty()) {
+        std::sort(step_seconds.begin(), step_seconds.end());
+        const size_t middle = step_seconds.size() / 2;
+        median_step_seconds = step_seconds.size() % 2 ? step_seconds[middle]
+                                                       : (step_seconds[middle - 1] + step_seconds[middle]) / 2;
+      }
       std::fprintf(stderr,
                    "timings: {\"run\": %lld, \"load_seconds\": %.9g, \"prompt_tokens\": %zu, \"prefill_calls\": %lld, "
                    "\"prefill_seconds\": %.9g, \"generated_tokens\": %zu, \"decode_steps\": %zu, "
-                   "\"decode_seconds\": %.9g}\n",
+                   "\"decode_seconds\": %.9g, \"decode_median_step_seconds\": %.9g}\n",
                    static_cast<long long>(run), load_seconds, prompt_ids.size(), static_cast<long long>(prefill_calls),
-                   prefill_seconds, generated.size(), decode_steps, decode_seconds);
+                   prefill_seconds, generated.size(), decode_steps, decode_seconds, median_step_seconds);
     }
     if (options.print_token_ids) {
       print_ids("prompt token ids:", prompt_ids);
