@@ -16,6 +16,7 @@
 #include "conv_gated_delta_rule.h"
 #include "gated_delta_rule.h"
 #include "int4_scales.h"
+#include "subnormals.h"
 
 namespace gdn {
 namespace {
@@ -44,6 +45,14 @@ TensorInfo info_of(const at::Tensor& tensor) {
   info.is_float32 = type == at::kFloat;
   info.dtype_name = dtype_name(type);
   return info;
+}
+
+// The core routines' loop in eager PyTorch: ATen's pool, each body with subnormals as zero (subnormals.h).
+void aten_parallel_for(int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
+  at::parallel_for(begin, end, 1, [&](int64_t first, int64_t last) {
+    SubnormalsAsZero flushed;
+    body(first, last);
+  });
 }
 
 void raise(const ContractError& error) {
@@ -106,9 +115,7 @@ void run(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value
   problem.output = output.data_ptr();
   for (int d = 0; d < 4; ++d) problem.output_strides[d] = output.stride(d);
 
-  gated_delta_rule(problem, [](int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
-    at::parallel_for(begin, end, 1, body);
-  });
+  gated_delta_rule(problem, aten_parallel_for);
   if (!target.is_same(final_state)) final_state.copy_(target);
 }
 
@@ -154,9 +161,7 @@ at::Tensor fit_int4_scales_functional(const at::Tensor& weight, int64_t group_si
   at::Tensor scales = at::empty({weight.size(0), weight.size(1) / group_size}, weight.options());
   gdn::fit_int4_scales(rows.data_ptr<float>(), weight.size(0), weight.size(1), group_size, candidates.data(),
                        static_cast<int64_t>(candidates.size()), scales.data_ptr<float>(),
-                       [](int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
-                         at::parallel_for(begin, end, 1, body);
-                       });
+                       aten_parallel_for);
   return scales;
 }
 
@@ -188,9 +193,7 @@ at::Tensor& conv_gated_delta_rule_out(const at::Tensor& qkv, const at::Tensor& a
   at::Tensor target = state.stride(3) == 1 ? state : state.contiguous();
   p.starting = positions.data_ptr<int64_t>()[0] == 0;
   p.point_at(rows, a, b, conv_weight, A_log, dt_bias, conv_state, target, output);
-  conv_gated_delta_rule(p, [](int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
-    at::parallel_for(begin, end, 1, body);
-  });
+  conv_gated_delta_rule(p, aten_parallel_for);
   if (!target.is_same(state)) state.copy_(target);
   return output;
 }

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "gated_delta_rule.h"  // TensorInfo, ContractError
+#include "subnormals.h"
 
 namespace gdn {
 
@@ -27,9 +28,12 @@ using executorch::runtime::KernelRuntimeContext;
 using executorch::runtime::Span;
 
 // The core routines take their loop as an argument (they build without
-// ExecuTorch or ATen); in a program it is ExecuTorch's thread pool.
+// ExecuTorch or ATen); in a program it is ExecuTorch's thread pool, each body with subnormals as zero.
 inline void executorch_parallel_for(int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
-  executorch::extension::parallel_for(begin, end, 1, [&](int64_t first, int64_t last) { body(first, last); });
+  executorch::extension::parallel_for(begin, end, 1, [&](int64_t first, int64_t last) {
+    SubnormalsAsZero flushed;
+    body(first, last);
+  });
 }
 
 using executorch::aten::SizesType;

@@ -192,6 +192,36 @@ def test_pte_rejects_inconsistent_shapes_without_crashing(generator):
     assert relative_error(final_state, expected_state) <= case.tolerance
 
 
+def computes_subnormals() -> bool:
+    """Whether this thread and torch's threads still make subnormal results (nothing left flushing them)."""
+    tiny = torch.full((1 << 16,), 1e-39) * 1.5  # float32 subnormals, on torch's threads at this size
+    return 1e-310 * 1.5 != 0.0 and bool((tiny > 0).all())  # and a float64 one on this thread
+
+
+@pytest.mark.parametrize("length", [1, 64])  # a decode step, and the chunked form (two chunks)
+def test_decays_below_float_range_match_the_reference_and_leave_the_callers_floats_alone(length, generator):
+    """Gates of -20 to -40 a token (as the random-weight benchmark checkpoint's: a chunk's summed gates pass
+    log(FLT_MIN) = -87) and an initial state holding subnormals: the kernels read and make subnormals as zero
+    (runtime_ops/subnormals.h), which moves no output beyond the float64 reference's tolerance, eagerly and in a
+    program; afterwards the calling thread and torch's threads compute subnormals again."""
+    assert computes_subnormals()
+    case, inputs = fresh_inputs(generator, length=length, gate="scalar")
+    args = list(inputs.as_args())
+    args[3] = -20.0 - 20.0 * torch.rand(args[3].shape, generator=generator)
+    args[5] = args[5] * torch.where(torch.rand(args[5].shape, generator=generator) < 0.5, 1e-39, 1.0)
+    assert (args[5].abs() < torch.finfo(torch.float32).tiny).any()  # subnormals in the state
+    reference_output, reference_state = reference.recurrent_gated_delta_rule(*[t.double() for t in args])
+    output, final_state = torch.ops.gdn.gated_delta_rule(*args)
+    assert relative_error(output, reference_output) <= case.tolerance, f"length {length}"
+    assert relative_error(final_state, reference_state) <= case.tolerance, f"length {length}"
+    assert computes_subnormals()
+    program = export_program(Functional(), tuple(args))
+    output, final_state = program.execute(args)
+    assert relative_error(output, reference_output) <= case.tolerance, f"length {length}, in a program"
+    assert relative_error(final_state, reference_state) <= case.tolerance, f"length {length}, in a program"
+    assert computes_subnormals()
+
+
 def test_missing_library_keeps_the_reference_and_names_the_path(tmp_path, seed):
     missing = tmp_path / "libgdn_runtime_ops.so"
     script = (
