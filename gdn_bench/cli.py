@@ -19,6 +19,8 @@ SUBCOMMANDS = {
     "metal": ("gdn_bench.metal", "the Metal kernels vs the reference (macOS)"),
     "linear": ("gdn_bench.linear", "8da4w_avx2's 4-bit linear (ours) vs 8da4w's (XNNPACK's), same weights"),
     "pages": ("gdn_bench.pages", "a program's decode step from its mapped file vs from 2 MiB pages (gdn-run's loading)"),
+    "profile": ("gdn_bench.profile", "where a program's calls spend their time: an ETDump of the C++ runner's "
+                                     "(--etdump), summed by operator and delegate"),
     "e2e": ("gdn_bench.e2e_cli", "a Qwen3.5-shaped .pte end to end: 0.8B on CPU vs transformers, ExecuTorch's own flow "
                              "and llama.cpp; --device cuda: 0.8B and 4B vs transformers + fla-core"),
 }

@@ -195,3 +195,50 @@ def test_the_cpu_bench_times_our_programs_in_the_runner_by_the_python_protocol(r
     assert turn["decode_steps"] == 3 and rate == 3 / turn["decode_seconds"]
     assert turn["prompt_ids"] == first["prompt_ids"] and turn["generated_ids"] == first["generated_ids"]
 
+
+
+def test_the_profile_of_a_runner_etdump_sums_each_instructions_events_by_what_it_runs(runner, cpu_program, tmp_path,
+                                                                                       seed, capsys):
+    """The runner's --etdump of a real program, summed by ``gdn-bench profile``: its calls are the runner's (runs
+    times prefill calls and decode steps), the whole call's time is the mean of the profiler's own ``Method::execute``
+    events over the calls kept, the instructions' rows name the program's operators and delegates, and they hold
+    less time than the calls that contain them."""
+    import subprocess
+
+    from executorch.devtools import Inspector
+
+    from gdn_bench import cli, profile
+    from tests.test_cpp_runner import MAX_CHUNK
+
+    program, tokenizer = cpu_program
+    length, runs, new_tokens = 5 + seed % 4, 3, 4
+    etdump = tmp_path / "profile.etdp"
+    done = subprocess.run([str(runner), "--model", str(program), "--tokenizer", str(tokenizer), "--random-prompt-tokens",
+                           str(length), "--seed", str(seed), "--max-new-tokens", str(new_tokens), "--ignore-eos",
+                           "--runs", str(runs), "--threads", "1", "--etdump", str(etdump)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and f"wrote the profile of {runs} runs to {etdump}" in done.stderr, done.stderr
+    calls = runs * (-(-length // MAX_CHUNK) + new_tokens - 1)  # each run: the prompt's calls, then its decode steps
+    blocks = [block for block in Inspector(etdump_path=str(etdump)).event_blocks if block.name == "Execute"]
+    events = max(blocks, key=lambda block: len(block.events)).events
+    (whole,) = [event.perf_data.raw for event in events if event.name == profile.WHOLE_CALL]
+    assert len(whole) == calls, (len(whole), calls)
+    names = profile.instruction_names(program, "forward")
+    skip = 1 + seed % 2
+    whole_ms, rows, summed = profile.sum_calls(events, names, skip, None)
+    assert summed == calls - skip and whole_ms == pytest.approx(sum(whole[skip:]) / summed, rel=1e-12)
+    outside = {name: ms for name, (ms, _, inside) in rows.items() if not inside}
+    assert outside and set(outside) <= set(names.values()), (sorted(outside), sorted(set(names.values())))
+    assert 0 < sum(outside.values()) <= whole_ms, (outside, whole_ms)
+
+    assert cli.main(["profile", str(etdump), str(program), "--skip", str(skip), "--top", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"{calls - skip} calls, {whole_ms:.3f} ms a call")
+    assert printed.count("\n| ") == 1 + 3  # the table's header and its top 3 rows
+    for arguments, message in ((["--skip", "-1"], "--skip must be >= 0, got -1"),
+                               (["--calls", "0"], "--calls must be >= 1, got 0"),
+                               (["--skip", str(calls)], "the profile holds no call of the method after --skip")):
+        assert cli.main(["profile", str(etdump), str(program), *arguments]) == 2
+        assert message in capsys.readouterr().err
+    assert cli.main(["profile", str(tokenizer), str(program)]) == 2
+    assert f"{tokenizer}: not an ETDump" in capsys.readouterr().err

@@ -449,7 +449,7 @@ def test_runner_runs_repeat_the_generation_from_position_zero_with_a_timings_lin
 
 @pytest.mark.parametrize("threads", [1, 3])
 def test_runner_threads_resize_executorchs_pool_and_keep_the_tokens(runner_binary, llm_program, qwen_tokenizer_path,
-                                                                   seed, threads):
+                                                                   seed, threads, tmp_path):
     path, prompt_ids, _, _ = llm_program
     result = run_binary([runner_binary, "--model", path, "--tokenizer", qwen_tokenizer_path, "--prompt", PROMPT,
                          "--max-new-tokens", 2, "--ignore-eos", "--temperature", "0", "--threads", threads,
@@ -462,6 +462,11 @@ def test_runner_threads_resize_executorchs_pool_and_keep_the_tokens(runner_binar
     assert generated == [expected], f"seed {seed}: {generated} vs {expected}"
     (entry,) = timings_lines(result.stderr)
     assert entry["decode_steps"] == 1 and entry["decode_median_step_seconds"] == entry["decode_seconds"] > 0, entry
+    for etdump, message in ((tmp_path, f"--etdump {tmp_path} is a folder, expected a file path"),
+                            (tmp_path / "none" / "p.etdp", f"--etdump {tmp_path / 'none' / 'p.etdp'}: folder")):
+        refused = run_binary([runner_binary, "--model", path, "--tokenizer", qwen_tokenizer_path, "--prompt", "hi",
+                              "--etdump", etdump])
+        assert refused.returncode == 2 and message in refused.stderr, refused.stderr
     for bad in ("0", "1025", "two"):
         refused = run_binary([runner_binary, "--model", path, "--tokenizer", qwen_tokenizer_path, "--prompt", "hi",
                               "--threads", bad])

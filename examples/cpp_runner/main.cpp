@@ -4,7 +4,7 @@
 //                  [--max-new-tokens N] [--temperature T] [--seed S]
 //                  [--data weights.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]
 //                  [--prefill-chunk N] [--random-prompt-tokens N] [--ignore-eos]
-//                  [--runs N] [--timings-json] [--cuda-graph] [--threads N]
+//                  [--runs N] [--timings-json] [--cuda-graph] [--threads N] [--etdump FILE]
 //
 // The program's "forward(tokens int64 [1, T], input_pos int64 [1])" returns
 // logits [1, T or 1, vocab] and keeps its caches and recurrent states in
@@ -41,6 +41,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <executorch/devtools/etdump/etdump_flatcc.h>
 #include <executorch/extension/data_loader/buffer_data_loader.h>
 #include <executorch/extension/module/module.h>
 #include <executorch/runtime/backend/interface.h>
@@ -93,7 +94,7 @@ constexpr const char* kUsage =
     "                      [--max-new-tokens N (128)] [--temperature T (0: greedy)] [--seed S]\n"
     "                      [--data WEIGHTS.ptd] [--backend-lib LIB.so] [--print-token-ids] [--verbose]\n"
     "                      [--prefill-chunk N (the program's largest)] [--random-prompt-tokens N] [--ignore-eos]\n"
-    "                      [--runs N (1)] [--timings-json] [--cuda-graph] [--threads N]\n"
+    "                      [--runs N (1)] [--timings-json] [--cuda-graph] [--threads N] [--etdump FILE]\n"
     "  --prefill-chunk N: feed the prompt N tokens per call at most (1: the decode method only)\n"
     "  --random-prompt-tokens N: a prompt of N token ids drawn from --seed instead of --prompt (benchmarks)\n"
     "  --ignore-eos: generate --max-new-tokens whatever the program's EOS ids (benchmarks)\n"
@@ -102,7 +103,9 @@ constexpr const char* kUsage =
     "  --cuda-graph: CudaBackend captures the decode method as a CUDA graph after its first steps and\n"
     "                replays it (one launch per token; other delegates ignore it)\n"
     "  --threads N: ExecuTorch's thread pool (XNNPACK's and the gdn kernels' threads) holds N threads\n"
-    "               (default: ExecuTorch's choice, one per performance core of the machine)\n";
+    "               (default: ExecuTorch's choice, one per performance core of the machine)\n"
+    "  --etdump FILE: record each operator and delegate call of every run with ExecuTorch's profiler and\n"
+    "                 write its ETDump to FILE at the end (python -m gdn_bench.etdump_ops FILE MODEL.pte sums it)\n";
 
 struct Options {
   std::string model_path;
@@ -122,6 +125,7 @@ struct Options {
   bool timings_json = false;
   bool cuda_graph = false;
   std::optional<int64_t> threads;
+  std::string etdump_path;  // where the profiler's ETDump goes; empty: no profiler
 };
 
 bool is_file(const std::string& path) {
@@ -195,6 +199,8 @@ Options parse_options(int argc, char** argv) {
       options.prefill_chunk = parse_number<int64_t>(name, value);
     } else if (name == "--runs") {
       options.runs = parse_number<int64_t>(name, value);
+    } else if (name == "--etdump") {
+      options.etdump_path = value;
     } else if (name == "--threads") {
       options.threads = parse_number<int64_t>(name, value);
     } else if (name == "--random-prompt-tokens") {
@@ -227,6 +233,17 @@ Options parse_options(int argc, char** argv) {
   }
   if (!options.backend_lib.empty() && !is_file(options.backend_lib)) {
     throw UsageError("--backend-lib " + options.backend_lib + ": no such file");
+  }
+  if (!options.etdump_path.empty()) {
+    struct stat info {};
+    const size_t slash = options.etdump_path.find_last_of('/');
+    const std::string folder = slash == std::string::npos ? "." : options.etdump_path.substr(0, slash + 1);
+    if (stat(options.etdump_path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+      throw UsageError("--etdump " + options.etdump_path + " is a folder, expected a file path");
+    }
+    if (stat(folder.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+      throw UsageError("--etdump " + options.etdump_path + ": folder " + folder + " does not exist");
+    }
   }
   if (!is_file(options.tokenizer_path)) {
     throw UsageError("--tokenizer " + options.tokenizer_path + ": no such file");
@@ -335,23 +352,28 @@ class HugePageCopy {
 
 // The program from its huge-page copy where there is one, else mapped from its file (with the .ptd beside it).
 std::unique_ptr<Module> open_module(const std::string& model_path, const std::string& data_path,
-                                    const HugePageCopy* copy) {
+                                    const HugePageCopy* copy, std::unique_ptr<executorch::runtime::EventTracer> tracer) {
   if (copy != nullptr) {
     return std::make_unique<Module>(
-        std::make_unique<executorch::extension::BufferDataLoader>(copy->data(), copy->size()));
+        std::make_unique<executorch::extension::BufferDataLoader>(copy->data(), copy->size()), nullptr, nullptr,
+        std::move(tracer));
   }
-  return data_path.empty() ? std::make_unique<Module>(model_path, Module::LoadMode::Mmap)
-                           : std::make_unique<Module>(model_path, data_path, Module::LoadMode::Mmap);
+  return data_path.empty()
+             ? std::make_unique<Module>(model_path, Module::LoadMode::Mmap, std::move(tracer))
+             : std::make_unique<Module>(model_path, data_path, Module::LoadMode::Mmap, std::move(tracer));
 }
 
 // The step methods of a program and where in its context the sequence stands.
 class LlmProgram {
  public:
-  LlmProgram(const std::string& model_path, const std::string& data_path, bool cuda_graph = false)
+  // profile: every call recorded by ExecuTorch's profiler (an ETDumpGen), for write_etdump.
+  LlmProgram(const std::string& model_path, const std::string& data_path, bool cuda_graph = false,
+             bool profile = false)
       : model_path_(model_path),
         // A CUDA program's weights are in its .ptd, which CudaBackend copies to the GPU: its .pte is mapped.
         program_bytes_(data_path.empty() ? HugePageCopy::read(model_path) : nullptr),
-        module_(open_module(model_path, data_path, program_bytes_.get())) {
+        module_(open_module(model_path, data_path, program_bytes_.get(),
+                            profile ? std::make_unique<executorch::etdump::ETDumpGen>() : nullptr)) {
     check(module_->load(), "loading the program");
     auto names = module_->method_names();
     check(names.error(), "listing its methods");
@@ -420,6 +442,27 @@ class LlmProgram {
   // Start a new sequence: the program restarts its caches and states when fed at position 0.
   void reset() { position_ = 0; }
   const std::set<int64_t>& eos_ids() const { return eos_ids_; }
+
+  // The profiler's record of every call so far, written to `path` (through a temporary file beside it, renamed).
+  void write_etdump(const std::string& path) const {
+    auto* profiler = static_cast<executorch::etdump::ETDumpGen*>(module_->event_tracer());
+    if (profiler == nullptr) {
+      fail("it was loaded without the profiler");
+    }
+    const executorch::etdump::ETDumpResult result = profiler->get_etdump_data();
+    if (result.buf == nullptr || result.size == 0) {
+      fail("ExecuTorch's profiler recorded nothing");
+    }
+    const std::string partial = path + ".partial";
+    std::FILE* file = std::fopen(partial.c_str(), "wb");
+    const bool written = file != nullptr && std::fwrite(result.buf, 1, result.size, file) == result.size;
+    const bool closed = file != nullptr && std::fclose(file) == 0;
+    std::free(result.buf);
+    if (!written || !closed || std::rename(partial.c_str(), path.c_str()) != 0) {
+      std::remove(partial.c_str());
+      throw ProgramError("--etdump " + path + ": cannot write it");
+    }
+  }
 
   // Runs `tokens` from the current position; returns the last position's logits.
   std::vector<float> feed(const std::vector<int64_t>& tokens) {
@@ -574,7 +617,7 @@ int run(const Options& options) {
     load_backend_library(options.backend_lib);
   }
   const auto tokenizer = gdn_runner::BpeTokenizer::from_file(options.tokenizer_path);
-  LlmProgram program(options.model_path, options.data_path, options.cuda_graph);
+  LlmProgram program(options.model_path, options.data_path, options.cuda_graph, !options.etdump_path.empty());
   const double load_seconds = seconds_since(started);
   std::fprintf(stderr, "loaded %s and %s in %.0f ms\n", options.model_path.c_str(), options.tokenizer_path.c_str(),
                1e3 * load_seconds);
@@ -658,6 +701,11 @@ int run(const Options& options) {
       print_ids("prompt token ids:", prompt_ids);
       print_ids("generated token ids:", generated);
     }
+  }
+  if (!options.etdump_path.empty()) {
+    program.write_etdump(options.etdump_path);
+    std::fprintf(stderr, "wrote the profile of %lld runs to %s\n", static_cast<long long>(options.runs),
+                 options.etdump_path.c_str());
   }
   return 0;
 }
