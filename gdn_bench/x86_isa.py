@@ -163,7 +163,11 @@ def machine_line(hidden: bool) -> str:
     """The CPU and the vector extensions its kernels could use in this run, for the report."""
     flags = cpu_flags()
     wide = sorted(flag for flag in flags if flag.startswith("avx512") or flag in ("avx2", "avx_vnni"))
+    # AMX's tile units: a native llama.cpp build on such a CPU compiles ggml's AMX kernels for Q4_0 and Q8_0 weights.
+    matrix = sorted(flag for flag in flags if flag.startswith("amx"))
     line = f"{cpu_name()}, {os.cpu_count()} cores; AVX extensions: {' '.join(wide) or 'none'}"
+    if matrix:
+        line += f"; AMX: {' '.join(matrix)}"
     if hidden:
         line += ("; AVX-512 and AVX-VNNI hidden from XNNPACK, our kernels built for x86-64-v3, PyTorch at "
                  "ATEN_CPU_CAPABILITY=avx2 (--hide-avx512): this machine's cores and memory with AVX2 alone")

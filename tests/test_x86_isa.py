@@ -75,8 +75,9 @@ def test_machine_line_names_the_cpu_and_its_avx_extensions():
     line = x86_isa.machine_line(hidden=False)
     assert line.startswith(x86_isa.cpu_name())
     for flag in x86_isa.cpu_flags():
-        if flag.startswith("avx512") or flag == "avx2":
+        if flag.startswith(("avx512", "amx")) or flag == "avx2":
             assert f" {flag}" in line
+    assert ("; AMX: " in line) == any(flag.startswith("amx") for flag in x86_isa.cpu_flags())
     assert "hidden" not in line and "(--hide-avx512)" in x86_isa.machine_line(hidden=True)
 
 
