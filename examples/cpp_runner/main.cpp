@@ -105,7 +105,7 @@ constexpr const char* kUsage =
     "  --threads N: ExecuTorch's thread pool (XNNPACK's and the gdn kernels' threads) holds N threads\n"
     "               (default: ExecuTorch's choice, one per performance core of the machine)\n"
     "  --etdump FILE: record each operator and delegate call of every run with ExecuTorch's profiler and\n"
-    "                 write its ETDump to FILE at the end (python -m gdn_bench.etdump_ops FILE MODEL.pte sums it)\n";
+    "                 write its ETDump to FILE at the end (gdn-bench profile FILE MODEL.pte sums it)\n";
 
 struct Options {
   std::string model_path;
