@@ -47,7 +47,7 @@ TensorInfo info_of(const at::Tensor& tensor) {
   return info;
 }
 
-// The core routines' loop in eager PyTorch: ATen's pool, each body with subnormals as zero (subnormals.h).
+// The model's kernels' loop in eager PyTorch: ATen's pool, each body with subnormals as zero (subnormals.h).
 void aten_parallel_for(int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
   at::parallel_for(begin, end, 1, [&](int64_t first, int64_t last) {
     SubnormalsAsZero flushed;
@@ -161,7 +161,10 @@ at::Tensor fit_int4_scales_functional(const at::Tensor& weight, int64_t group_si
   at::Tensor scales = at::empty({weight.size(0), weight.size(1) / group_size}, weight.options());
   gdn::fit_int4_scales(rows.data_ptr<float>(), weight.size(0), weight.size(1), group_size, candidates.data(),
                        static_cast<int64_t>(candidates.size()), scales.data_ptr<float>(),
-                       aten_parallel_for);
+                       // The export's quantization, not a kernel of the model: IEEE arithmetic, subnormals kept.
+                       [](int64_t begin, int64_t end, const std::function<void(int64_t, int64_t)>& body) {
+                         at::parallel_for(begin, end, 1, body);
+                       });
   return scales;
 }
 
