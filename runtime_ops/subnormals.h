@@ -8,8 +8,9 @@
 // result (about a hundred cycles); on a Zen 3 host the programs ran as fast with these bits set as without. On
 // the GPU machine's Xeon (AVX-512, AMX, 2 cores) conv_gated_delta_rule took 96 to 112 ms a layer for 512 tokens,
 // against 22 ms on a Zen 3 core whose linears were slower (docs/benchmarks.md, run 47). What such values add to
-// an output is below 1e-37, under any float32 tolerance. The entries run each parallel body (and so each of the
-// pool's threads) under one. Elsewhere (Arm, whose cores mostly handle subnormals in hardware) nothing is set.
+// an output is below 1e-37, under any float32 tolerance. The entries of the model's kernels run each parallel body
+// (and so each of the pool's threads) under one; the export's fit_int4_scales does not (an all-zero group's scale
+// is a subnormal). Elsewhere (Arm, whose cores mostly handle subnormals in hardware) nothing is set.
 #pragma once
 
 #if defined(__x86_64__) || defined(__i386__)
