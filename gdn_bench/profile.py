@@ -33,7 +33,9 @@ NESTED_PREFIX = "native_call_"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("etdump", type=Path, help="an ETDump file (gdn_cpp_runner --etdump)")
     parser.add_argument("model", type=Path, help="the program it profiled (.pte)")
-    parser.add_argument("--method", default="forward", help="the method whose calls are summed (default %(default)s)")
+    parser.add_argument("--method", default="forward",
+                        help="the method the profiled calls ran, whose instructions name the rows; the profile's "
+                             "block of the most events is the one summed (default %(default)s)")
     parser.add_argument("--skip", type=int, default=0, help="calls to leave out first: warm-up (default %(default)s)")
     parser.add_argument("--calls", type=int, default=None, help="calls to sum after those (default: all the rest)")
     parser.add_argument("--top", type=int, default=30, help="rows to print, the longest first (default %(default)s)")
