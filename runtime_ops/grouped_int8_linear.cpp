@@ -50,6 +50,10 @@ float quantize_row(const float* x, int64_t k, int16_t* out) {
 }
 
 #if defined(__AVX512BW__)
+// Pins a sum to its register as it is updated: unpinned, GCC 12 wrote each of the kCount products to a copy of
+// its sum and moved it back, three instructions a product instead of one.
+inline void keep_in_register(__m512i& sum) { asm volatile("" : "+v"(sum)); }
+
 inline __m512i add_pair_products(__m512i sum, __m512i a, __m512i b) {
 #if defined(__AVX512VNNI__)
   return _mm512_dpwssd_epi32(sum, a, b);
@@ -78,6 +82,7 @@ void tile_rows(const int8_t* codes, const void* scales, const int16_t* x, const 
         int32_t pair;
         std::memcpy(&pair, x + r * k + at, sizeof(pair));
         sums[r] = add_pair_products(sums[r], w, _mm512_set1_epi32(pair));
+        keep_in_register(sums[r]);
       }
     }
     const __m512 scale = group_scales<kSmall>(scales, g);
