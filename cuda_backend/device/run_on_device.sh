@@ -53,7 +53,8 @@
 #            CUDA_BENCH_ARGS adds gdn-bench e2e options to both (the same in each call: the program's folder is
 #            named after --prompts, --decode-steps and --prefill-chunk)
 #   cpu-bench: gdn-bench e2e on this machine's CPU (issue 20's floors with AVX-512), 2 cores: our programs in the
-#            C++ runner against llama.cpp, both built here (CPU_BENCH_MODE build, then time; see the step below).
+#            C++ runner against llama.cpp, both built here (CPU_BENCH_MODE build, then time or profile; see the
+#            step below).
 #            Carry .gdn-carry too (the llama.cpp source tarball): carry=[".whl", ".gdn-carry"]
 # WHEELS names the wheel folder (default .whl).
 set -uo pipefail
@@ -300,6 +301,9 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
       #     programs, GGUFs) on every core, in a build that outlives the call (start_build), waited for until 560 s
       #     into the call; a later build call waits for the same build again
       #   time: gdn-bench e2e on what was built: $OUT/cpu_e2e.md, cpu_bench.log, results.json
+      #   profile: where a prompt's time goes in each program built, by operator and delegate: the runner's
+      #     --etdump of 3 runs of each of PROFILE_TOKENS (default "512 2048") random tokens, on the same 2 cores,
+      #     and gdn-bench profile over the calls after the first run: $OUT/profile_<program>_<tokens>.md (and .etdp)
       # CPU_BENCH_ONLY names our programs (default ours,ours_8da4w,ours_8da4w_avx2,ours_16da8w); CPU_BENCH_ARGS
       # replaces the timing's options (default: prompts of 128, 512 and 2048 tokens, decode also alternated in 6
       # rounds, llama-bench's tests repeated twice: all four programs in one call).
@@ -348,7 +352,26 @@ make(sys.argv[1], key_head_dim=64, value_head_dim=64, seed=0)" /tmp/tiny_dense >
               --markdown "$OUT/cpu_e2e.md" "${options[@]}" 2>&1 | grep -v "^W1\|Warning" | tee "$OUT/cpu_bench.log" \
               || status=1
           cp "$bench_dir/results.json" "$OUT/" 2>/dev/null ;;
-        *) echo "cpu-bench: CPU_BENCH_MODE must be build or time, got ${CPU_BENCH_MODE}"; status=1 ;;
+        profile)
+          if building "$bench_dir" || [ "$(cat "$bench_dir/build.status" 2>/dev/null)" != 0 ]; then
+            echo "cpu-bench: nothing built to profile (or a build still runs); CPU_BENCH_MODE=build first"; status=1; continue
+          fi
+          for system in ${only//,/ }; do
+            [ "$system" = ours ] && program=$bench_dir/ours_fp32.pte || program=$bench_dir/$system.pte
+            for tokens in ${PROFILE_TOKENS:-512 2048}; do
+              # One token generated: each run is the prompt's prefill calls alone, ceil(tokens / 512) of them (the
+              # bench's programs take 512 tokens a call), and the first run's are left out as warm-up.
+              taskset -c "${CPU_BENCH_CPUS:-0,1}" build/cpp_runner/gdn_cpp_runner --model "$program" \
+                  --tokenizer "$bench_dir/checkpoint/tokenizer.json" --random-prompt-tokens "$tokens" --seed 1 \
+                  --max-new-tokens 1 --ignore-eos --runs 3 --threads 2 --etdump "$OUT/profile_${system}_$tokens.etdp" \
+                  > /dev/null 2> "$OUT/profile_${system}_$tokens.log" || { tail -5 "$OUT/profile_${system}_$tokens.log"; status=1; continue; }
+              echo "== $system, $tokens tokens: $(grep "prefill:" "$OUT/profile_${system}_$tokens.log" | tail -1)"
+              python3 -m gdn_bench.cli profile "$OUT/profile_${system}_$tokens.etdp" "$program" \
+                  --skip $(((tokens + 511) / 512)) --top 12 2>> "$OUT/profile_${system}_$tokens.log" \
+                  | tee "$OUT/profile_${system}_$tokens.md" || status=1
+            done
+          done ;;
+        *) echo "cpu-bench: CPU_BENCH_MODE must be build, time or profile, got ${CPU_BENCH_MODE}"; status=1 ;;
       esac ;;
     bench)
       python3 -m gdn_bench.cli cuda --json "$OUT/bench.json" --markdown "$OUT/bench.md" \
