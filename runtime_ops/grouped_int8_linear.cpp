@@ -51,8 +51,10 @@ float quantize_row(const float* x, int64_t k, int16_t* out) {
 
 #if defined(__AVX512BW__)
 // Pins a sum to its register as it is updated: unpinned, GCC 12 wrote each of the kCount products to a copy of
-// its sum and moved it back, three instructions a product instead of one.
-inline void keep_in_register(__m512i& sum) { asm volatile("" : "+v"(sum)); }
+// its sum and moved it back, three instructions a product instead of one. "x" (zmm0-15), not "v" (zmm0-31):
+// given "v", GCC 12 still moved the 6- and 8-row passes' last sum through the register of the codes and back,
+// which llvm-mca put at 7.1 cycles a pair of inputs over 8 rows against 6.4 without.
+inline void keep_in_register(__m512i& sum) { asm volatile("" : "+x"(sum)); }
 
 inline __m512i add_pair_products(__m512i sum, __m512i a, __m512i b) {
 #if defined(__AVX512VNNI__)
