@@ -264,8 +264,15 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
     from gdn_export import export_qwen35
 
     ours = tmp_path / "ours.pte"
+    held = []  # whether each method's nodes all held their values when SpecPropPass came to it
+    whether_held = lowering.holds_every_value
+    monkeypatch.setattr(lowering, "holds_every_value", lambda graph_module: held.append(
+        (len(graph_module.graph.nodes), whether_held(graph_module))) or held[-1][1])
     with Recorder() as recorder:
         export_qwen35(dense_checkpoint, ours, backend="xnnpack", quantize=quantize)
+    # forward (the largest method) is not re-traced for its specs; set_state, whose buffer write-backs
+    # to_executorch adds without values, is.
+    assert len(held) == 3 and max(held)[1] and not all(whether for _, whether in held), held
     # The shortcuts were taken where they apply: forward re-traced once to be decomposed (ExecuTorch alone: once to
     # make it functional, once to decompose it), passes skipped in every partition. XNNPACK takes every linear
     # (int8wo's through runtime_ops.xnnpack_weight_only), so its check is dropped for forward.
@@ -283,7 +290,7 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
     for shortcut in ("edge_passes_where_applicable", "views_and_numbers_in_one_trace",
                      "edge_ops_and_dim_order_in_one_trace",
                      "portable_dim_order_legalized_where_needed", "unchanged_submodules_not_recompiled",
-                     "merges_checked_on_sets", "weights_freed_once_serialized"):
+                     "merges_checked_on_sets", "weights_freed_once_serialized", "specs_from_values_held"):
         monkeypatch.setattr(lowering, shortcut, contextlib.nullcontext)
     theirs = tmp_path / "theirs.pte"
     with Recorder() as recorder:
@@ -423,3 +430,29 @@ def test_merges_are_answered_as_executorchs_group_partitioner_answers_them(gener
         answers = [ours._can_merge_partitions(0, 1, pair) for pair in pairs]
     assert answers == expected, f"seed={seed}"
     assert 0 < sum(expected) < len(expected), f"seed={seed}: every random pair answered alike ({sum(expected)})"
+
+
+
+def test_values_are_held_where_every_node_holds_fake_values_alone(generator):
+    """holds_every_value: SpecPropPass's re-trace is skipped only where each placeholder and op holds a value of
+    fake tensors and numbers; a node without one, or with a real tensor, asks for the re-trace."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from runtime_ops.xnnpack_lowering import holds_every_value
+
+    x = torch.randn(3, 5, generator=generator)
+    graph = torch.fx.Graph()
+    a = graph.placeholder("a")
+    added = graph.call_function(torch.ops.aten.add.Tensor, (a, 1))
+    size = graph.call_function(torch.ops.aten.sym_size.int, (added, 0))
+    graph.output((added, size))
+    graph_module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    with FakeTensorMode() as mode:
+        a.meta["val"] = mode.from_tensor(x)
+        added.meta["val"] = a.meta["val"] + 1
+    size.meta["val"] = 3
+    assert holds_every_value(graph_module)
+    added.meta["val"] = x + 1
+    assert not holds_every_value(graph_module)
+    del added.meta["val"]
+    assert not holds_every_value(graph_module)
