@@ -23,9 +23,13 @@ RUN = "import sys; from gdn_export.cli import run_main; sys.exit(run_main())"
 
 
 def start(code: str, *arguments: str) -> subprocess.Popen:
+    # The child gets Ctrl-C as a terminal gives it, whatever this process inherited: a test run started in
+    # the background by a shell without job control ignores SIGINT, and so would every child, which Python
+    # then leaves without its KeyboardInterrupt.
     return subprocess.Popen(
         [sys.executable, "-c", code, *arguments], cwd=REPO_ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
 
 
