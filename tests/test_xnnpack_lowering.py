@@ -432,7 +432,6 @@ def test_merges_are_answered_as_executorchs_group_partitioner_answers_them(gener
     assert 0 < sum(expected) < len(expected), f"seed={seed}: every random pair answered alike ({sum(expected)})"
 
 
-
 def test_values_are_held_where_every_node_holds_fake_values_alone(generator):
     """holds_every_value: SpecPropPass's re-trace is skipped only where each placeholder and op holds a value of
     fake tensors and numbers; a node without one, or with a real tensor, asks for the re-trace."""
