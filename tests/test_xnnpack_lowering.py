@@ -264,10 +264,14 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
     from gdn_export import export_qwen35
 
     ours = tmp_path / "ours.pte"
-    held = []  # whether each method's nodes all held their values when SpecPropPass came to it
+    held = []  # (nodes, whether they all held their values) of each method SpecPropPass came to
     whether_held = lowering.holds_every_value
-    monkeypatch.setattr(lowering, "holds_every_value", lambda graph_module: held.append(
-        (len(graph_module.graph.nodes), whether_held(graph_module))) or held[-1][1])
+
+    def recording_held(graph_module):
+        held.append((len(graph_module.graph.nodes), whether_held(graph_module)))
+        return held[-1][1]
+
+    monkeypatch.setattr(lowering, "holds_every_value", recording_held)
     with Recorder() as recorder:
         export_qwen35(dense_checkpoint, ours, backend="xnnpack", quantize=quantize)
     # forward (the largest method) is not re-traced for its specs; set_state, whose buffer write-backs
