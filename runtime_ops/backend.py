@@ -123,6 +123,13 @@ class XnnpackBackend(CpuBackend):
         pool_norm_means(model)
         biases_added_after(model)
 
+    def export_methods(self, model, prefill_chunk: int) -> dict:
+        from runtime_ops.xnnpack_lowering import quantization_ops_by_shape
+
+        # torchao's quantization ops are traced from their shapes (their code runs on the weights alone).
+        with quantization_ops_by_shape():
+            return super().export_methods(model, prefill_chunk)
+
     def lower(self, programs: dict, metadata: dict):
         from runtime_ops.xnnpack_lowering import (
             decomposed_once,
@@ -133,26 +140,29 @@ class XnnpackBackend(CpuBackend):
             only_applicable_passes,
             portable_dim_order_legalized_where_needed,
             preprocess_sharing_weights,
+            quantization_ops_by_shape,
             specs_from_values_held,
             unchanged_submodules_not_recompiled,
             views_and_numbers_in_one_trace,
             weights_freed_once_serialized,
         )
 
-        # Each skips work that changes nothing in our programs (runtime_ops/xnnpack_lowering.py): XNNPACK's
-        # passes for ops our partitions never hold, a copy of every weight for them, a re-trace only to make
-        # forward functional, edge and to_executorch passes with nothing to rewrite (and two pairs that each run
-        # as one), forward's re-trace before its specs, the method's code regenerated after each of its
-        # partitions, and merge checks walked node by node. With the export's collector thresholds
-        # (gdn_export.export) they took the 0.8B 8da4w export from 272 s to about 100 s, same bytes.
-        decomposed = decomposed_once(programs, self.partitioners)
-        ready = [program for name, program in decomposed.items() if program is not programs[name]]
-        with only_applicable_passes(), preprocess_sharing_weights(), functional_programs_kept(ready), \
-                edge_passes_where_applicable(), views_and_numbers_in_one_trace(), \
-                edge_ops_and_dim_order_in_one_trace(), portable_dim_order_legalized_where_needed(), \
-                unchanged_submodules_not_recompiled(), merges_checked_on_sets(), weights_freed_once_serialized(), \
-                specs_from_values_held():
-            return super().lower(decomposed, metadata)
+        # Each skips work that changes nothing in our programs (runtime_ops/xnnpack_lowering.py): torchao's
+        # quantization code run on fake tensors, XNNPACK's passes for ops our partitions never hold, a copy of every
+        # weight for them, a re-trace only to make forward functional, edge and to_executorch passes with nothing
+        # to rewrite (and two pairs that each run as one), forward's re-trace before its specs, the method's code
+        # regenerated after each of its partitions, and merge checks walked node by node. With the export's
+        # collector thresholds (gdn_export.export) they took the 0.8B 8da4w export from 272 s to about 100 s on
+        # one host, same bytes (docs/benchmarks.md).
+        with quantization_ops_by_shape():
+            decomposed = decomposed_once(programs, self.partitioners)
+            ready = [program for name, program in decomposed.items() if program is not programs[name]]
+            with only_applicable_passes(), preprocess_sharing_weights(), functional_programs_kept(ready), \
+                    edge_passes_where_applicable(), views_and_numbers_in_one_trace(), \
+                    edge_ops_and_dim_order_in_one_trace(), portable_dim_order_legalized_where_needed(), \
+                    unchanged_submodules_not_recompiled(), merges_checked_on_sets(), weights_freed_once_serialized(), \
+                    specs_from_values_held():
+                return super().lower(decomposed, metadata)
 
     def partitioners(self, method: str) -> list:
         from runtime_ops.xnnpack_lowering import OneDecompositionXnnpackPartitioner

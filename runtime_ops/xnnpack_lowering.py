@@ -6,6 +6,10 @@ do nothing for our programs, and this module skips them. The program is byte for
 the whole lowering writes (tests/test_xnnpack_lowering.py checks it for every quantization the
 backend offers):
 
+* ``quantization_ops_by_shape`` (also around the program's trace). Torchao's quantization ops, in every
+  quantized linear, run their Python code on each fake call, the most of any op: the views, reductions and
+  roundings on symbolic sizes were about a third of the 0.8B 8da4w export. A fake call now makes its outputs
+  from the inputs' shapes; real tensors still run torchao's code.
 * ``OneDecompositionXnnpackPartitioner``. For a partitioner whose ops kept whole (linears and
   torchao's quantization ops, for XNNPACK) come with a check on each node, ``to_edge_transform_and_lower``
   decomposes the program twice, marking the checked nodes in between. When every such node passes
@@ -450,6 +454,119 @@ def edge_ops_and_dim_order_in_one_trace() -> Iterator[None]:
     with replaced_attribute(program_module, "OpReplacePass", op_replace_pass), \
             replaced_attribute(program_module, "MemoryFormatOpsPass", memory_format_ops_pass):
         yield
+
+
+def torchao_quantization_ops() -> dict:
+    """{op: torchao's Python body} of the quantization ops our XNNPACK programs hold: a dynamically quantized
+    linear's activations, and the 8-bit weights of the table and linears."""
+    import torchao.quantization.quant_primitives  # noqa: F401 (defines the ops)
+    from torch._inductor.decomposition import decompositions  # where torchao registers each op's body
+
+    ops = torch.ops.torchao
+    wanted = (ops.choose_qparams_affine.default, ops.quantize_affine.default, ops.dequantize_affine.default)
+    return {op: decompositions[op] for op in wanted if op in decompositions}
+
+
+_QUANTIZED_DTYPES = (torch.int8, torch.uint8, torch.int16, torch.int32)
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_MAPPINGS = ("SYMMETRIC", "SYMMETRIC_NO_CLIPPING_ERR", "ASYMMETRIC")
+
+
+def quantization_outputs_by_shape(op, body, mode, args, kwargs):
+    """What torchao's ``body`` of ``op`` returns for fake inputs, made by ``mode`` from their shapes alone (each
+    output contiguous, as torchao's code leaves it); None for a form this does not cover, which torchao's code
+    then runs for."""
+    import inspect
+
+    from torchao.quantization.quant_primitives import _get_reduction_params
+
+    try:
+        bound = inspect.signature(body).bind(*args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    given = bound.arguments
+    x = given["input"]
+    if not isinstance(x, torch.Tensor):
+        return None
+    name = op.name()
+    if name == "torchao::quantize_affine":
+        if x.dtype not in _FLOAT_DTYPES or given["output_dtype"] not in _QUANTIZED_DTYPES:
+            return None
+        shapes, dtypes = [x.shape], [given["output_dtype"]]
+    elif name == "torchao::dequantize_affine":
+        if x.dtype != given["input_dtype"] or given["output_dtype"] not in _FLOAT_DTYPES:
+            return None
+        shapes, dtypes = [x.shape], [given["output_dtype"]]
+    else:  # choose_qparams_affine: min and max over each block, so one value a block
+        block = list(given["block_size"])
+        if x.dtype not in _FLOAT_DTYPES or given["mapping_type"] not in _MAPPINGS or len(block) != x.dim():
+            return None
+        if given["keepdim"]:
+            shape = [size // step for size, step in zip(x.shape, block)]
+        else:
+            reduced, dims = _get_reduction_params(block, x.size())
+            shape = [size for dim, size in enumerate(reduced) if dim not in dims]
+        # The zero point is made in the input's dtype (int32 for an asymmetric mapping) unless one is given.
+        zero_dtype = given["zero_point_dtype"] or (torch.int32 if given["mapping_type"] == "ASYMMETRIC" else x.dtype)
+        shapes, dtypes = [shape, shape], [given["scale_dtype"] or x.dtype, zero_dtype]
+    with mode:
+        made = tuple(torch.empty(shape, dtype=dtype, device=x.device) for shape, dtype in zip(shapes, dtypes))
+    return made if len(made) > 1 else made[0]
+
+
+@contextlib.contextmanager
+def quantization_ops_by_shape() -> Iterator[None]:
+    """While open, torchao's quantization ops called on fake tensors make their outputs from the inputs' shapes
+    (``quantization_outputs_by_shape``); real tensors run torchao's code as before.
+
+    Torchao registers each op's Python body as its CompositeImplicitAutograd kernel, and that body is what a fake
+    call ran: a dozen views, reductions and roundings on symbolic sizes, in the program's trace, its
+    decomposition and each of ExecuTorch's passes that re-trace it, for each of a 0.8B program's 300 or so such
+    nodes. Those calls were about a third of the 0.8B 8da4w export's time (docs/benchmarks.md, run 49). A call
+    reaches the fake tensors' mode where torch.export has put its own kernel before torchao's (tracing and
+    decomposing), and runs the autograd kernel for the CPU first where nothing has (ExecuTorch's passes): both
+    lead here. The outputs' shapes, dtypes and strides are torchao's own for every form our programs hold
+    (tests/test_xnnpack_lowering.py compares them, and the programs' bytes)."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    bodies = torchao_quantization_ops()
+    dispatch = FakeTensorMode._dispatch_impl
+
+    def dispatch_by_shape(mode, func, types, args, kwargs):
+        if func in bodies:
+            made = quantization_outputs_by_shape(func, bodies[func], mode, args, kwargs)
+            if made is not None:
+                return made
+        return dispatch(mode, func, types, args, kwargs)
+
+    def autograd_kernel(op, body):
+        def kernel(*args, **kwargs):
+            x = args[0] if args else kwargs.get("input")
+            if isinstance(x, FakeTensor):
+                made = quantization_outputs_by_shape(op, body, x.fake_mode, args, kwargs)
+                if made is not None:
+                    return made
+            return body(*args, **kwargs)
+
+        return kernel
+
+    def forget_resolved_kernels():
+        # The Python dispatcher (torch.export's) keeps the kernel it found for each key: one found before the
+        # autograd kernel was registered, or after it was removed, would outlive the change.
+        for op in bodies:
+            op._dispatch_cache.clear()
+
+    library = torch.library.Library("torchao", "IMPL")
+    try:
+        for op, body in bodies.items():
+            library.impl(op.name().split("::")[1], autograd_kernel(op, body), "AutogradCPU")
+        forget_resolved_kernels()
+        with replaced_attribute(FakeTensorMode, "_dispatch_impl", dispatch_by_shape):
+            yield
+    finally:
+        library._destroy()
+        forget_resolved_kernels()
 
 
 def _graph_state(graph) -> tuple:

@@ -254,11 +254,29 @@ class Recorder:
         OneDecompositionXnnpackPartitioner.ops_to_not_decompose = self.ops_to_not_decompose
 
 
+def quantization_bodies_counted(monkeypatch) -> list:
+    """A list that grows by one each time torchao's quantize or dequantize code runs for a fake tensor."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    import torchao.quantization.quant_primitives as primitives
+
+    counted = []
+    for name in ("_quantize_affine_no_dtype_cast", "_dequantize_affine_no_dtype_check"):
+        def body(x, *args, original=getattr(primitives, name), **kwargs):
+            if isinstance(x, FakeTensor):
+                counted.append(1)
+            return original(x, *args, **kwargs)
+
+        monkeypatch.setattr(primitives, name, body)
+    return counted
+
+
 # 8da8w lowers as 8da4w does (8da4w holds 8-bit layers too).
 @pytest.mark.parametrize("quantize", ["none", "8da4w", "int8wo"])
 def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpoint, tmp_path, module_seed,
                                                          monkeypatch):
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     import runtime_ops.xnnpack_lowering as lowering
     from gdn_export import export_qwen35
@@ -272,8 +290,11 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
         return held[-1][1]
 
     monkeypatch.setattr(lowering, "holds_every_value", recording_held)
+    fake_bodies = quantization_bodies_counted(monkeypatch)
     with Recorder() as recorder:
         export_qwen35(dense_checkpoint, ours, backend="xnnpack", quantize=quantize)
+    # torchao's quantization code ran for no fake tensor.
+    assert fake_bodies == [], len(fake_bodies)
     # forward (the largest method) is not re-traced for its specs; set_state, whose buffer write-backs
     # to_executorch adds without values, is.
     assert len(held) == 3 and max(held)[1] and not all(whether for _, whether in held), held
@@ -294,11 +315,15 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
     for shortcut in ("edge_passes_where_applicable", "views_and_numbers_in_one_trace",
                      "edge_ops_and_dim_order_in_one_trace",
                      "portable_dim_order_legalized_where_needed", "unchanged_submodules_not_recompiled",
-                     "merges_checked_on_sets", "weights_freed_once_serialized", "specs_from_values_held"):
+                     "merges_checked_on_sets", "weights_freed_once_serialized", "specs_from_values_held",
+                     "quantization_ops_by_shape"):
         monkeypatch.setattr(lowering, shortcut, contextlib.nullcontext)
     theirs = tmp_path / "theirs.pte"
+    FakeTensorMode.cache_clear()  # outputs of fake calls that the export above made, which a call could reuse
     with Recorder() as recorder:
         export_qwen35(dense_checkpoint, theirs, backend="xnnpack", quantize=quantize)
+    # The quantized programs' linears hold torchao's ops; the float program holds none.
+    assert bool(fake_bodies) == (quantize != "none"), len(fake_bodies)
     assert recorder.passes_run and all(len(passes) == whole for passes in recorder.passes_run)
     assert recorder.forward_retraces() == 3, recorder.retraced
     assert ours.read_bytes() == theirs.read_bytes(), (
@@ -459,3 +484,108 @@ def test_values_are_held_where_every_node_holds_fake_values_alone(generator):
     assert not holds_every_value(graph_module)
     del added.meta["val"]
     assert not holds_every_value(graph_module)
+
+
+def _fake_with_dynamic_tokens(mode, tensor: torch.Tensor, dynamic: int | None):
+    """``tensor`` as a fake tensor of ``mode``, its dim ``dynamic`` (if any) a symbolic size, as T is in forward."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    sizes = [DimDynamic.DYNAMIC if dim == dynamic else DimDynamic.STATIC for dim in range(tensor.dim())]
+    return mode.from_tensor(tensor, symbolic_context=StatelessSymbolicContext(dynamic_sizes=sizes))
+
+
+def _quantization_cases(generator) -> list:
+    """(id, op, args, dim of the tensors made symbolic): the forms our programs hold (a linear's activations per
+    token, asymmetric int8; 4-bit and 8-bit weights in groups; the table's rows) and a few more."""
+    ops = torch.ops.torchao
+    tokens = torch.randn(1, 5, 64, generator=generator) * 3
+    weights = torch.randn(48, 64, generator=generator)
+    per_token = ([1, 1, 64], torch.int8, -128, 127)
+    token_scale, token_zero = ops.choose_qparams_affine(tokens, "ASYMMETRIC", *per_token, None, None, torch.int8)
+    token_codes = ops.quantize_affine(tokens, [1, 1, 64], token_scale, token_zero, torch.int8, -128, 127)
+    group_scale, group_zero = ops.choose_qparams_affine(weights, "SYMMETRIC", [1, 32], torch.int8, -8, 7)
+    group_codes = ops.quantize_affine(weights, [1, 32], group_scale, group_zero, torch.int8, -8, 7)
+    return [
+        ("choose-per-token", ops.choose_qparams_affine.default,
+         (tokens, "ASYMMETRIC", *per_token, None, None, torch.int8), 1),
+        ("choose-groups", ops.choose_qparams_affine.default,
+         (weights, "SYMMETRIC", [1, 32], torch.int8, -8, 7, None, torch.float32), None),
+        ("choose-kept-dims", ops.choose_qparams_affine.default,
+         (tokens, "SYMMETRIC_NO_CLIPPING_ERR", [1, 1, 32], torch.int8, -128, 127, 1e-6, None, None, True), 1),
+        ("choose-rows-bfloat16", ops.choose_qparams_affine.default,
+         (weights.to(torch.bfloat16), "SYMMETRIC", [1, 64], torch.int8, -127, 127), None),
+        ("quantize-per-token", ops.quantize_affine.default,
+         (tokens, [1, 1, 64], token_scale, token_zero, torch.int8, -128, 127), 1),
+        ("quantize-groups", ops.quantize_affine.default,
+         (weights, [1, 32], group_scale, group_zero, torch.int8, -8, 7), None),
+        ("dequantize-per-token", ops.dequantize_affine.default,
+         (token_codes, [1, 1, 64], token_scale, token_zero, torch.int8, -128, 127), 1),
+        ("dequantize-groups-bfloat16", ops.dequantize_affine.default,
+         (group_codes, [1, 32], group_scale, group_zero, torch.int8, -8, 7, torch.bfloat16), None),
+    ]
+
+
+def _described(outputs) -> list:
+    return [(str(list(each.shape)), str(list(each.stride())), each.dtype, each.device)
+            for each in (outputs if isinstance(outputs, tuple) else (outputs,))]
+
+
+@pytest.mark.parametrize("below_autograd", [False, True], ids=["called", "below-autograd"])
+def test_quantization_ops_by_shape_give_torchaos_outputs(below_autograd, generator, seed, monkeypatch):
+    """quantization_ops_by_shape: torchao's three ops called on fake tensors, with T symbolic, give the shapes
+    (the same expressions in T), strides, dtypes and devices of torchao's own code without running it, both where
+    the autograd kernel runs first (ExecuTorch's passes) and where the fake mode does (torch.export puts its own
+    kernel first); after it, torchao's code runs again."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    import torchao.quantization.quant_primitives as primitives
+
+    from runtime_ops.xnnpack_lowering import quantization_ops_by_shape
+
+    bodies_run = []
+    checked = primitives._get_and_check_qmin_qmax  # the first call of each op's body
+    monkeypatch.setattr(primitives, "_get_and_check_qmin_qmax", lambda *args: bodies_run.append(1) or checked(*args))
+    below = torch._C._AutoDispatchBelowAutograd if below_autograd else contextlib.nullcontext
+    for name, op, args, dynamic in _quantization_cases(generator):
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        fakes = tuple(_fake_with_dynamic_tokens(mode, each, dynamic) if isinstance(each, torch.Tensor) else each
+                      for each in args)
+        bodies_run.clear()
+        with mode, below():
+            expected = op(*fakes)
+        assert bodies_run, f"{name}: torchao's code did not run outside the context"
+        bodies_run.clear()
+        with quantization_ops_by_shape(), mode, below():
+            made = op(*fakes)
+        assert not bodies_run, f"{name}: torchao's code ran for fake tensors inside the context"
+        assert _described(made) == _described(expected), f"seed={seed} {name}"
+        assert "s" in _described(expected)[0][0] or dynamic is None, f"{name}: T is not symbolic"
+        bodies_run.clear()
+        with mode, below():
+            op(*fakes)
+        assert bodies_run, f"{name}: torchao's code did not run after the context"
+
+
+def test_quantization_ops_by_shape_leave_real_tensors_to_torchao(generator, seed):
+    """Inside quantization_ops_by_shape, real tensors still get torchao's values: per-token asymmetric int8
+    against the formula, and every case as torchao gives it outside."""
+    from runtime_ops.xnnpack_lowering import quantization_ops_by_shape
+
+    cases = _quantization_cases(generator)
+    expected = [op(*args) for _, op, args, _ in cases]
+    with quantization_ops_by_shape():
+        made = [op(*args) for _, op, args, _ in cases]
+        tokens = cases[0][2][0]
+        scale, zero = made[0]
+        codes = torch.ops.torchao.quantize_affine(tokens, [1, 1, 64], scale, zero, torch.int8, -128, 127)
+    for (name, *_), want, got in zip(cases, expected, made):
+        for w, g in zip(want if isinstance(want, tuple) else (want,), got if isinstance(got, tuple) else (got,)):
+            assert w.dtype == g.dtype and torch.equal(w, g), f"seed={seed} {name}"
+    low, high = tokens.amin(-1, keepdim=True).clamp(max=0), tokens.amax(-1, keepdim=True).clamp(min=0)
+    formula_scale = (high - low) / 255
+    formula_zero = torch.clamp(-128 - torch.round(low / formula_scale), -128, 127)
+    torch.testing.assert_close(scale, formula_scale.squeeze(-1), msg=f"seed={seed}")
+    assert torch.equal(zero.to(torch.float32), formula_zero.squeeze(-1)), f"seed={seed}"
+    formula_codes = torch.clamp(torch.round(tokens / formula_scale) + formula_zero, -128, 127).to(torch.int8)
+    assert (codes.to(torch.int32) - formula_codes.to(torch.int32)).abs().max() <= 1, f"seed={seed}"
