@@ -343,11 +343,11 @@ def holds_every_value(graph_module) -> bool:
 def specs_from_values_held() -> Iterator[None]:
     """While open, SpecPropPass (``to_executorch`` runs it on each method) takes each node's spec from the value it
     holds, on a copy of the method's graph, when ``holds_every_value``, instead of re-tracing the method to bring
-    the values up to date first; a method with a node without one is re-traced as before. The copy's nodes get what the re-trace
-    would give them besides: no tensor metadata for a fake value (``ExportPass``'s ``make_tensor_meta``), and the
-    output node the values it returns. After our lowering, forward's values are what the re-trace makes them
-    (tests/test_xnnpack_lowering.py: the same program, byte for byte); its re-trace took some 11 s of the 0.8B
-    8da4w export on a 2-core host (docs/benchmarks.md, run 48)."""
+    the values up to date first; a method with a node without one is re-traced as before. The copy's nodes get
+    what the re-trace would give them besides: no tensor metadata for a fake value (``ExportPass``'s
+    ``make_tensor_meta``), and the output node the values it returns. After our lowering, forward's values are
+    what the re-trace makes them (tests/test_xnnpack_lowering.py: the same program, byte for byte); its re-trace
+    took some 11 s of the 0.8B 8da4w export on a 2-core host (docs/benchmarks.md, run 48)."""
     import copy
 
     from executorch.exir.passes import spec_prop_pass
