@@ -109,7 +109,8 @@ class OneDecompositionXnnpackPartitioner(XnnpackPartitioner):
 
 def decomposed_once(programs: dict, partitioners) -> dict:
     """``programs`` ({method: ExportedProgram}), each method with one partitioner decomposed by ExecuTorch's default
-    table without the ops that partitioner keeps whole, in one re-trace that also makes it functional; the others as
+    table without the ops that partitioner keeps whole, in one re-trace that also makes it functional; each method
+    without one (the state methods) by the whole table, in one re-trace where ExecuTorch makes two; the others as
     they are.
 
     What ``to_edge_transform_and_lower`` then does with such a method: its functionalizing re-trace is skipped
@@ -123,10 +124,10 @@ def decomposed_once(programs: dict, partitioners) -> dict:
     decomposed = {}
     for name, program in programs.items():
         found = partitioners(name)
-        if len(found) != 1:
+        if len(found) > 1:
             decomposed[name] = program
             continue
-        kept, _ = found[0].ops_to_not_decompose(program)
+        kept = found[0].ops_to_not_decompose(program)[0] if found else ()
         table = _default_decomposition_table()
         for op in kept:
             table.pop(op, None)

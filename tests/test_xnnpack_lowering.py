@@ -304,6 +304,8 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
     # [0]: decomposed_once's question, on the program as traced; [1]: ExecuTorch's, on that decomposition.
     assert recorder.checks_dropped[1], recorder.checks_dropped
     assert recorder.forward_retraces() == 1, recorder.retraced
+    # Each state method is re-traced once too (ExecuTorch alone: twice).
+    assert len(recorder.retraced) == 3, recorder.retraced
     whole = len(whole_pass_list())
     assert recorder.passes_run and all(len(passes) < whole for passes in recorder.passes_run), recorder.passes_run
 
@@ -326,6 +328,7 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
     assert bool(fake_bodies) == (quantize != "none"), len(fake_bodies)
     assert recorder.passes_run and all(len(passes) == whole for passes in recorder.passes_run)
     assert recorder.forward_retraces() == 3, recorder.retraced
+    assert len(recorder.retraced) - recorder.forward_retraces() >= 2 * 2, recorder.retraced
     assert ours.read_bytes() == theirs.read_bytes(), (
         f"seed={module_seed} quantize={quantize}: the program differs from the whole lowering's "
         f"({ours.stat().st_size} against {theirs.stat().st_size} bytes)")
