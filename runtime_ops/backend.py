@@ -152,9 +152,8 @@ class XnnpackBackend(CpuBackend):
         # weight for them, a re-trace only to make a method functional (forward's, and the second of each state
         # method's two), edge and to_executorch passes with nothing to rewrite (and two pairs that each run as
         # one), forward's re-trace before its specs, the method's code regenerated after each of its partitions,
-        # and merge checks walked node by node. With the export's
-        # collector thresholds (gdn_export.export) they took the 0.8B 8da4w export from 272 s to about 100 s on
-        # one host, same bytes (docs/benchmarks.md).
+        # and merge checks walked node by node. With the export's collector thresholds (gdn_export.export) they
+        # took the 0.8B 8da4w export from 272 s to about 100 s on one host, same bytes (docs/benchmarks.md).
         with quantization_ops_by_shape():
             decomposed = decomposed_once(programs, self.partitioners)
             ready = [program for name, program in decomposed.items() if program is not programs[name]]
