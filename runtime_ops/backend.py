@@ -137,6 +137,7 @@ class XnnpackBackend(CpuBackend):
             edge_passes_where_applicable,
             functional_programs_kept,
             merges_checked_on_sets,
+            metadata_restored_in_one_read,
             only_applicable_passes,
             portable_dim_order_legalized_where_needed,
             preprocess_sharing_weights,
@@ -152,9 +153,10 @@ class XnnpackBackend(CpuBackend):
         # weight for them, a re-trace only to make a method functional (forward's, and the second of each state
         # method's two), edge and to_executorch passes with nothing to rewrite (and two pairs that each run as
         # one), forward's re-trace before its specs, the method's code regenerated after each of its partitions,
-        # and merge checks walked node by node. With the export's collector thresholds (gdn_export.export) they
-        # took the 0.8B 8da4w export from 272 s to about 100 s on one host, same bytes (docs/benchmarks.md).
-        with quantization_ops_by_shape():
+        # merge checks walked node by node, and a signature's name maps made for each placeholder that a
+        # decomposition restores. With the export's collector thresholds (gdn_export.export) they took the 0.8B
+        # 8da4w export from 272 s to about 100 s on one host, same bytes (docs/benchmarks.md).
+        with quantization_ops_by_shape(), metadata_restored_in_one_read():
             decomposed = decomposed_once(programs, self.partitioners)
             ready = [program for name, program in decomposed.items() if program is not programs[name]]
             with only_applicable_passes(), preprocess_sharing_weights(), functional_programs_kept(ready), \

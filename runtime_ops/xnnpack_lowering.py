@@ -340,6 +340,39 @@ def holds_every_value(graph_module) -> bool:
     return True
 
 
+class _NameMapsReadOnce:
+    """A graph signature whose two maps of placeholder names, to parameters and to buffers, are made once: the
+    signature's own properties build a new map on each read."""
+
+    def __init__(self, signature):
+        self._signature = signature
+        self.inputs_to_parameters = signature.inputs_to_parameters
+        self.inputs_to_buffers = signature.inputs_to_buffers
+
+    def __getattr__(self, name):
+        return getattr(self._signature, name)
+
+
+@contextlib.contextmanager
+def metadata_restored_in_one_read() -> Iterator[None]:
+    """While open, ``run_decompositions`` puts the parameters' and buffers' metadata back on the graph it traced
+    with the new signature's name maps made once, where torch reads both properties for each placeholder and so
+    builds them anew each time: quadratic in the placeholders (the 0.8B forward's 400-odd made it 6 s of a
+    profiled export, docs/benchmarks.md run 51). The same torch function writes the same metadata."""
+    import torch.export.exported_program as exported_program
+
+    restore = getattr(exported_program, "_populate_param_buffer_metadata_to_new_gm", None)
+    if restore is None:  # another torch: nothing to change
+        yield
+        return
+
+    def restore_reading_once(params_buffers_to_node_meta, gm, new_sig):
+        return restore(params_buffers_to_node_meta, gm, _NameMapsReadOnce(new_sig))
+
+    with replaced_attribute(exported_program, "_populate_param_buffer_metadata_to_new_gm", restore_reading_once):
+        yield
+
+
 @contextlib.contextmanager
 def specs_from_values_held() -> Iterator[None]:
     """While open, SpecPropPass (``to_executorch`` runs it on each method) takes each node's spec from the value it

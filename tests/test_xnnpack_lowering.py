@@ -318,7 +318,7 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
                      "edge_ops_and_dim_order_in_one_trace",
                      "portable_dim_order_legalized_where_needed", "unchanged_submodules_not_recompiled",
                      "merges_checked_on_sets", "weights_freed_once_serialized", "specs_from_values_held",
-                     "quantization_ops_by_shape"):
+                     "quantization_ops_by_shape", "metadata_restored_in_one_read"):
         monkeypatch.setattr(lowering, shortcut, contextlib.nullcontext)
     theirs = tmp_path / "theirs.pte"
     FakeTensorMode.cache_clear()  # outputs of fake calls that the export above made, which a call could reuse
@@ -332,6 +332,41 @@ def test_export_writes_the_program_of_the_whole_lowering(quantize, dense_checkpo
     assert ours.read_bytes() == theirs.read_bytes(), (
         f"seed={module_seed} quantize={quantize}: the program differs from the whole lowering's "
         f"({ours.stat().st_size} against {theirs.stat().st_size} bytes)")
+
+
+def test_decomposition_restores_the_same_metadata_reading_the_name_maps_once(generator, seed, monkeypatch):
+    """``metadata_restored_in_one_read``: a decomposition puts the same metadata back on each placeholder of
+    parameters and buffers, and builds the signature's maps a few times instead of once per placeholder."""
+    from torch.export.graph_signature import ExportGraphSignature
+
+    from runtime_ops.xnnpack_lowering import metadata_restored_in_one_read
+
+    # Parameters and buffers (the norm's running statistics), a dozen placeholders.
+    module = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 4), nn.BatchNorm1d(4)).eval()
+    program = torch.export.export(module, (torch.randn(5, 8, generator=generator),))
+    reads = []
+    for name in ("inputs_to_parameters", "inputs_to_buffers"):
+        built = getattr(ExportGraphSignature, name)
+
+        def counted(signature, built=built):
+            reads.append(1)
+            return built.fget(signature)
+
+        monkeypatch.setattr(ExportGraphSignature, name, property(counted))
+
+    def restored(decomposed):
+        placeholders = [node for node in decomposed.graph.nodes if node.op == "placeholder"]
+        return [(node.name, sorted(node.meta), str(node.meta.get("nn_module_stack")),
+                 node.meta.get("val").shape) for node in placeholders]
+
+    theirs = restored(program.run_decompositions({}))
+    their_reads = len(reads)
+    reads.clear()
+    with metadata_restored_in_one_read():
+        ours = restored(program.run_decompositions({}))
+    assert ours == theirs, f"seed {seed}"
+    placeholders = sum(1 for node in program.graph.nodes if node.op == "placeholder")
+    assert placeholders >= 12 and their_reads >= 2 * placeholders > len(reads), (their_reads, len(reads))
 
 
 class Rewritten(nn.Module):
